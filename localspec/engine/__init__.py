@@ -1,0 +1,26 @@
+"""The speculative decoding engine. Imports nothing from any front end."""
+
+from .decoder import (
+    DraftSettings,
+    Finished,
+    GenerationRequest,
+    SpeculativeEngine,
+    StreamEvent,
+)
+from .llama_backend import LlamaRunner, ModelSettings
+from .sampling import SamplingParams
+from .stats import GenerationStats
+from .text import TextChunk
+
+__all__ = [
+    "DraftSettings",
+    "Finished",
+    "GenerationRequest",
+    "GenerationStats",
+    "LlamaRunner",
+    "ModelSettings",
+    "SamplingParams",
+    "SpeculativeEngine",
+    "StreamEvent",
+    "TextChunk",
+]

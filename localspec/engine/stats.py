@@ -1,0 +1,93 @@
+"""Statistics of one generation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    """Counters and timers of one request; derived rates are properties."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_rounds: int = 0
+    target_passes: int = 0
+    lookup_rounds: int = 0
+    k_counts: Counter[int] = field(default_factory=Counter)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    ttft_seconds: float = 0.0
+    total_seconds: float = 0.0
+    accepted_from_draft: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Drafted tokens accepted per verification round that had drafts."""
+        return self.accepted / self.draft_rounds if self.draft_rounds else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        return self.completion_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def mean_k(self) -> float:
+        n = sum(self.k_counts.values())
+        return sum(k * c for k, c in self.k_counts.items()) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """End to end: new tokens over the time from request to last token."""
+        return self.completion_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """After the first token: prompt processing excluded."""
+        t = self.total_seconds - self.ttft_seconds
+        return (self.completion_tokens - 1) / t if t > 0 and self.completion_tokens > 1 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "tokens_per_target_pass": round(self.tokens_per_target_pass, 3),
+            "draft_rounds": self.draft_rounds,
+            "lookup_rounds": self.lookup_rounds,
+            "target_passes": self.target_passes,
+            "mean_k": round(self.mean_k, 3),
+            "k_counts": {str(k): v for k, v in sorted(self.k_counts.items())},
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "verify_seconds": round(self.verify_seconds, 4),
+            "sample_seconds": round(self.sample_seconds, 4),
+            "ttft_seconds": round(self.ttft_seconds, 4),
+            "total_seconds": round(self.total_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
+        }
+
+    def summary(self) -> str:
+        """One human line, for --verbose and the TUI's status."""
+        return (
+            f"{self.completion_tokens} tokens in {self.total_seconds:.2f}s "
+            f"({self.tokens_per_second:.1f} tok/s, decode {self.decode_tokens_per_second:.1f}), "
+            f"TTFT {self.ttft_seconds * 1000:.0f} ms, drafted {self.drafted}, accepted "
+            f"{self.accepted} ({self.acceptance_rate:.0%}), mean accepted length "
+            f"{self.mean_accepted_length:.2f}, mean K {self.mean_k:.2f}, "
+            f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s / "
+            f"sampling {self.sample_seconds:.2f}s"
+        )

@@ -1,0 +1,60 @@
+"""Errors with a user-facing title and message, rendered only at the edges (CLI, TUI, server)."""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """An error a user can act on. ``str(err)`` is one line that says what to do."""
+
+    title = "localspec error"
+
+    def __init__(self, message: str, title: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if title is not None:
+            self.title = title
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class GGUFError(LocalspecError):
+    """A file is not a usable GGUF model (missing, truncated, corrupt, wrong kind)."""
+
+    title = "Invalid model file"
+
+
+class IncompatiblePairError(LocalspecError):
+    """Draft and target do not share a vocabulary, so the draft cannot propose target tokens."""
+
+    title = "Incompatible pair"
+
+
+class ModelLoadError(LocalspecError):
+    """llama.cpp refused to load a model that passed validation (e.g. out of memory)."""
+
+    title = "Model failed to load"
+
+
+class ContextOverflowError(LocalspecError):
+    """The prompt (plus the requested tokens) does not fit the context window."""
+
+    title = "Prompt too long"
+
+
+class ConfigError(LocalspecError):
+    """A configuration or catalogue file is malformed."""
+
+    title = "Configuration error"
+
+
+class ModelNotFoundError(LocalspecError):
+    """A model name resolves to nothing (no file, no Ollama manifest, no catalogue pair)."""
+
+    title = "Model not found"
+
+
+class PullError(LocalspecError):
+    """Pulling a model failed (network, registry, checksum, disk)."""
+
+    title = "Pull failed"

@@ -1,0 +1,156 @@
+"""Tiny, real llama-architecture GGUF models written with the ``gguf`` package.
+
+They load in real llama.cpp in milliseconds, so tests and ``localspec demo`` exercise the real
+engine on any machine with no download. Their text is noise: the weights are seeded random numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+# A small word list so tokenized prompts and detokenized output look like text, not only bytes.
+_WORDS = (
+    "the of and to in is that for it with as was on be by this are from or at an which have not "
+    "def return import class self if else while print value list data code model token fast draft "
+    "target speed local run test"
+).split()
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModelSpec:
+    """Shape and seed of a tiny model. ``keep_layers`` makes a shallow copy of a deeper model."""
+
+    seed: int = 0
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_layer: int = 2
+    context_length: int = 4096
+    words: tuple[str, ...] = tuple(_WORDS)
+    byte_tokens: bool = True
+    output_scale: float = 1.0
+    keep_layers: int | None = None
+    # How much each block adds to the residual stream: small values make shallow copies agree
+    # with the full model more often (a well-matched draft).
+    layer_scale: float = 0.5
+    # Scale of the control tokens' output rows: 0 makes EOS practically never chosen greedily.
+    eos_scale: float = 0.0
+    name: str = "tiny"
+
+
+def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
+    """SentencePiece-style vocabulary: control tokens, byte fallback, then words and letters."""
+    from gguf import TokenType
+
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+    if spec.byte_tokens:
+        tokens += [f"<0x{b:02X}>" for b in range(256)]
+        types += [TokenType.BYTE] * 256
+    pieces = ["▁" + w for w in spec.words] + list("abcdefghijklmnopqrstuvwxyz") + ["▁"]
+    tokens += pieces
+    types += [TokenType.NORMAL] * len(pieces)
+    # Longer pieces score higher so the SPM merge prefers whole words.
+    scores = [0.0] * (len(tokens) - len(pieces)) + [float(len(p)) for p in pieces]
+    return tokens, scores, [int(t) for t in types]
+
+
+def _weights(spec: TinyModelSpec, n_vocab: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(spec.seed)
+    head_dim = spec.n_embd // spec.n_head
+    n_kv = head_dim * spec.n_head_kv
+
+    def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+    w: dict[str, np.ndarray] = {"token_embd.weight": mat(n_vocab, spec.n_embd, np.sqrt(spec.n_embd))}
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(spec.n_embd, dtype=np.float32)
+        w[p + "attn_q.weight"] = mat(spec.n_embd, spec.n_embd)
+        w[p + "attn_k.weight"] = mat(n_kv, spec.n_embd)
+        w[p + "attn_v.weight"] = mat(n_kv, spec.n_embd)
+        w[p + "attn_output.weight"] = mat(spec.n_embd, spec.n_embd, spec.layer_scale)
+        w[p + "ffn_norm.weight"] = np.ones(spec.n_embd, dtype=np.float32)
+        w[p + "ffn_gate.weight"] = mat(spec.n_ff, spec.n_embd)
+        w[p + "ffn_up.weight"] = mat(spec.n_ff, spec.n_embd)
+        w[p + "ffn_down.weight"] = mat(spec.n_embd, spec.n_ff, spec.layer_scale)
+    w["output_norm.weight"] = np.ones(spec.n_embd, dtype=np.float32)
+    w["output.weight"] = mat(n_vocab, spec.n_embd, 4.0 * spec.output_scale)
+    w["output.weight"][:3] *= spec.eos_scale
+    return w
+
+
+def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write a tiny llama GGUF to ``path`` atomically (a temporary name, then a rename)."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens, scores, types = vocabulary(spec)
+    weights = _weights(spec, len(tokens))
+    n_layer = spec.keep_layers if spec.keep_layers is not None else spec.n_layer
+    tmp = path.with_name(path.name + ".part")
+    writer = GGUFWriter(str(tmp), "llama")
+    writer.add_name(spec.name)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for name, array in weights.items():
+        layer = name.split(".")[1] if name.startswith("blk.") else None
+        if layer is not None and int(layer) >= n_layer:
+            continue
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+def shallow_copy(spec: TinyModelSpec, keep_layers: int) -> TinyModelSpec:
+    """The same model with only its first ``keep_layers`` blocks: a cheap, well-matched draft."""
+    return replace(spec, keep_layers=keep_layers, name=f"{spec.name}-draft")
+
+
+DEMO_TARGET = TinyModelSpec(seed=7, n_embd=256, n_head=8, n_head_kv=4, n_ff=768, n_layer=8,
+                            layer_scale=0.15, name="localspec-demo-target")
+
+
+def build_demo_pair(folder: Path) -> tuple[Path, Path]:
+    """Build (once; later calls reuse the files) the demo's target and its shallow draft."""
+    target = folder / "demo-target.gguf"
+    draft = folder / "demo-draft.gguf"
+    if not target.exists():
+        write_tiny_model(target, DEMO_TARGET)
+    if not draft.exists():
+        write_tiny_model(draft, shallow_copy(DEMO_TARGET, keep_layers=2))
+    return target, draft
