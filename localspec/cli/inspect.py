@@ -1,0 +1,75 @@
+"""``localspec inspect``: GGUF metadata without loading weights; optionally a pair check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..gguf_meta import GGUFInfo, check_pair, read_gguf_info
+from ..loading import resolve_ref
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("inspect", help="show a model's GGUF metadata (no weights loaded)")
+    p.add_argument("model", help=".gguf path or Ollama name")
+    p.add_argument("--draft", metavar="MODEL",
+                   help="also check whether MODEL can draft for this one (vocabulary rule)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def _human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    return f"{n} B"
+
+
+def _human_params(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def _lines(info: GGUFInfo) -> list[str]:
+    rows = [
+        ("file", str(info.path)),
+        ("size", _human_size(info.file_size)),
+        ("name", info.name or "-"),
+        ("architecture", info.architecture),
+        ("parameters", _human_params(info.parameter_count)),
+        ("quantization", info.file_type or "-"),
+        ("context length", str(info.context_length or "-")),
+        ("layers", str(info.block_count or "-")),
+        ("tokenizer", f"{info.tokenizer_model} (pre: {info.tokenizer_pre or '-'})"),
+        ("vocabulary", str(info.vocab_size)),
+        ("BOS", f"{info.bos_token_id} (added: {info.add_bos_token})"),
+        ("EOS", f"{info.eos_token_id} (added: {info.add_eos_token})"),
+        ("chat template", "yes" if info.has_chat_template else "no"),
+    ]
+    return [f"{k:<15} {v}" for k, v in rows]
+
+
+def run(args: argparse.Namespace) -> int:
+    with_tokens = args.draft is not None
+    info = read_gguf_info(resolve_ref(args.model), with_tokens=with_tokens)
+    report = None
+    if args.draft:
+        draft = read_gguf_info(resolve_ref(args.draft), with_tokens=True)
+        report = check_pair(info, draft)
+    if args.json:
+        out = info.to_json()
+        if report is not None:
+            out["pair"] = {"draft": args.draft, "compatible": report.compatible,
+                           "problems": list(report.problems)}
+        print(json.dumps(out, indent=2))
+    else:
+        print("\n".join(_lines(info)))
+        if report is not None:
+            verdict = "compatible" if report.compatible else "NOT compatible: " + "; ".join(
+                report.problems)
+            print(f"{'pair':<15} draft {args.draft}: {verdict}")
+    return 0 if report is None or report.compatible else 1

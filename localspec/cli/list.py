@@ -1,0 +1,64 @@
+"""``localspec list``: catalogue pairs and local models, with presence, sizes and compatibility."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("list", help="list pairs and local models",
+                       description="Pairs (shipped and your own) with whether their models are "
+                                   "present and compatible, then the models in the Ollama store.")
+    p.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    p.set_defaults(func=run)
+
+
+def _local_models() -> list[dict[str, Any]]:
+    from ..errors import GGUFError
+    from ..gguf_meta import read_gguf_info
+    from ..ollama_store import list_local
+
+    models = []
+    for model in list_local():
+        entry: dict[str, Any] = {"name": model.name, "path": str(model.gguf_path),
+                                 "size": model.size, "quantization": None,
+                                 "architecture": None, "parameters": None, "problem": None}
+        try:
+            info = read_gguf_info(model.gguf_path)
+        except GGUFError as exc:
+            entry["problem"] = str(exc)
+        else:
+            entry.update(quantization=info.file_type, architecture=info.architecture,
+                         parameters=info.parameter_count)
+        models.append(entry)
+    return models
+
+
+def _compat(value: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "-"}[value]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..catalogue import load_pairs, pair_status
+    from .formatting import human_count, human_size, table
+
+    pairs = [pair_status(p).to_json() for p in load_pairs().values()]
+    models = _local_models()
+    if args.json:
+        print(json.dumps({"pairs": pairs, "models": models}, indent=2))
+        return 0
+    rows = [[p["name"], p["target"] + ("" if p["target_present"] else " (absent)"),
+             p["draft"] + ("" if p["draft_present"] else " (absent)"), p["draft_mode"],
+             _compat(p["compatible"]), p["source"]] for p in pairs]
+    print(table(rows, ["PAIR", "TARGET", "DRAFT", "MODE", "COMPATIBLE", "SOURCE"]))
+    print()
+    if not models:
+        print("no local models (localspec pull NAME|PAIR)")
+        return 0
+    rows = [[m["name"], human_size(m["size"]), m["quantization"] or "-",
+             human_count(m["parameters"]), m["architecture"] or (m["problem"] or "-")]
+            for m in models]
+    print(table(rows, ["MODEL", "SIZE", "QUANT", "PARAMS", "ARCH"]))
+    return 0

@@ -1,0 +1,88 @@
+"""``localspec pull NAME|PAIR``: bring models into the Ollama store (daemon or registry)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("pull", help="pull a model or both models of a pair into the Ollama store",
+                       description="Pull through the Ollama daemon when one answers (OLLAMA_HOST), "
+                                   "otherwise straight from the registry into the same store, "
+                                   "verified and resumable. Models already present are not "
+                                   "downloaded again.")
+    p.add_argument("name", metavar="NAME|PAIR",
+                   help="an Ollama model name (qwen2.5-coder:1.5b) or a pair from `localspec list`")
+    p.add_argument("--registry", metavar="URL",
+                   help="pull from this registry (a mirror) instead of the name's host; "
+                        "always the direct path")
+    p.add_argument("--insecure", action="store_true", help="allow a registry on plain http")
+    p.set_defaults(func=run)
+
+
+def models_to_pull(name: str) -> list[str]:
+    """A pair's Ollama models (paths are skipped: nothing to pull), or the name itself."""
+    from ..catalogue import load_pairs
+    from ..model_ref import is_path_ref
+
+    pair = load_pairs().get(name)
+    if pair is None:
+        return [name]
+    return [ref for ref in (pair.target, pair.draft) if not is_path_ref(ref)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..pull import pull
+
+    for name in models_to_pull(args.name):
+        with _ProgressBars() as bars:
+            model = pull(name, registry=args.registry, insecure=args.insecure,
+                         progress=bars.update)
+        print(f"{model.name}\t{model.gguf_path}")
+    return 0
+
+
+class _ProgressBars:
+    """One rich progress bar per layer (size, speed, ETA) on stderr; status lines in between."""
+
+    def __init__(self) -> None:
+        # Imported here: rich is only needed when something is actually pulled.
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(),
+            console=Console(file=sys.stderr), transient=False,
+        )
+        self._tasks: dict[str, Any] = {}
+        self._last_status = ""
+
+    def __enter__(self) -> _ProgressBars:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, event: Any) -> None:
+        if not event.digest or not event.total:
+            if event.status and event.status != self._last_status:
+                self._progress.console.print(event.status)
+                self._last_status = event.status
+            return
+        task = self._tasks.get(event.digest)
+        if task is None:
+            label = f"pulling {event.digest.removeprefix('sha256:')[:12]}"
+            task = self._progress.add_task(label, total=event.total)
+            self._tasks[event.digest] = task
+        self._progress.update(task, completed=event.completed, total=event.total)

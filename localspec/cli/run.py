@@ -1,0 +1,110 @@
+"""``localspec run``: stream one answer to stdout, statistics to stderr with --verbose."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+
+from ..errors import LocalspecError
+from .common import (
+    add_draft_options,
+    add_model_options,
+    add_sampling_options,
+    engine_spec,
+    stdin_text,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="generate with a pair: streams the text to stdout",
+                       description="Generate with a draft/target pair. The prompt is sent as a "
+                                   "chat message through the target's chat template (--raw for "
+                                   "plain completion); it may also come on stdin. With a pair "
+                                   "and no prompt on a terminal, opens the chat app.")
+    p.add_argument("words", nargs="*", metavar="[PAIR] PROMPT",
+                   help="a pair name (unless --target is given) and the prompt")
+    add_model_options(p)
+    add_draft_options(p)
+    add_sampling_options(p)
+    p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
+    p.add_argument("--system", help="system prompt (chat mode)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--verbose", "-v", action="store_true", help="statistics to stderr")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, finish reason, statistics) at the end")
+    p.set_defaults(func=run)
+
+
+def _split_words(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    words = list(args.words)
+    pair = None if args.target else (words.pop(0) if words else None)
+    prompt = " ".join(words) if words else None
+    return pair, prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    pair, prompt = _split_words(args)
+    spec = engine_spec(args, pair)
+    if prompt is None:
+        prompt = stdin_text()
+    if prompt is None:
+        return _open_tui(spec)
+    if not prompt.strip():
+        raise LocalspecError("the prompt is empty")
+    from ..engine import DraftSettings, GenerationRequest, SamplingParams
+    from ..loading import load_engine
+
+    with load_engine(spec) as engine:
+        if args.raw:
+            tokens = engine.tokenize(prompt, chat=False)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt})
+            tokens = engine.tokenize(engine.chat_prompt(messages), chat=True)
+        req = GenerationRequest(
+            prompt_tokens=tokens,
+            max_tokens=args.max_tokens,
+            sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                    top_p=args.top_p, min_p=args.min_p,
+                                    repeat_penalty=args.repeat_penalty, seed=args.seed),
+            stop=tuple(args.stop),
+            draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
+                                k_max=args.k_max),
+        )
+        return _stream(engine, req, args)
+
+
+def _stream(engine, req, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from ..engine import Finished
+
+    cancel = threading.Event()
+    out = sys.stdout
+    try:
+        for event in engine.stream(req, cancel):
+            if isinstance(event, Finished):
+                if args.json:
+                    json.dump({"text": event.text, "finish_reason": event.finish_reason,
+                               "stats": event.stats.to_json()}, out)
+                    out.write("\n")
+                elif not event.text.endswith("\n"):
+                    out.write("\n")
+                out.flush()
+                if args.verbose:
+                    print(event.stats.summary(), file=sys.stderr)
+            elif not args.json:
+                out.write(event.text)
+                out.flush()
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    return 0
+
+
+def _open_tui(spec) -> int:  # type: ignore[no-untyped-def]
+    try:
+        from ..tui import open_tui
+    except ImportError:
+        raise LocalspecError("no prompt given (pass it as an argument or on stdin)") from None
+    return int(open_tui(spec))

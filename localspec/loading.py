@@ -1,0 +1,62 @@
+"""From what a user names (a pair, an Ollama name, a .gguf path) to a loaded engine.
+
+Shared by every front end (CLI run/bench/demo, the server, the TUI) so they resolve and validate
+models the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .engine.llama_backend import ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What to load. ``target``/``draft`` are model references (path or Ollama name)."""
+
+    target: str
+    draft: str | None = None
+    target_settings: ModelSettings = field(default_factory=ModelSettings)
+    draft_settings: ModelSettings | None = None
+    pair_name: str | None = None
+    draft_mode: str = "model"
+
+    @property
+    def display_name(self) -> str:
+        return self.pair_name or self.target
+
+
+def spec_from_pair(pair_name: str, target_settings: ModelSettings = ModelSettings(),
+                   draft_settings: ModelSettings | None = None) -> EngineSpec:
+    """An EngineSpec for a catalogue or user pair."""
+    from .catalogue import find_pair
+
+    pair = find_pair(pair_name)
+    return EngineSpec(target=pair.target, draft=pair.draft, target_settings=target_settings,
+                      draft_settings=draft_settings, pair_name=pair.name,
+                      draft_mode=pair.draft_mode)
+
+
+def resolve_ref(ref: str) -> Path:
+    """A model reference to a GGUF path (an existing file, or an Ollama name in the store)."""
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf" or path.exists():
+        return path  # validated by gguf_meta before llama.cpp sees it
+    from .model_ref import resolve_model
+
+    return resolve_model(ref)
+
+
+def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
+    """Resolve, validate (files and pair) and load. Returns a SpeculativeEngine."""
+    from .engine import SpeculativeEngine
+
+    target = resolve_ref(spec.target)
+    draft = resolve_ref(spec.draft) if spec.draft and spec.draft_mode == "model" else None
+    log.info("loading target %s, draft %s", target, draft)
+    return SpeculativeEngine.load(target, draft, spec.target_settings, spec.draft_settings)

@@ -1,0 +1,347 @@
+"""The Ollama model store: where it is, how names map to manifests, and manifests to GGUF blobs.
+
+localspec reads Ollama's store in place (no second copy of a 40 GB file). The layout is
+``<store>/manifests/<host>/<namespace>/<model>/<tag>`` (a Docker v2 manifest in JSON) and
+``<store>/blobs/sha256-<hex>`` (content-addressed layers). The layer whose media type is
+``application/vnd.ollama.image.model`` is a plain GGUF file that llama.cpp loads as is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import GGUFError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "registry.ollama.ai"
+DEFAULT_NAMESPACE = "library"
+DEFAULT_TAG = "latest"
+SERVICE_STORE = Path("/usr/share/ollama/.ollama/models")
+
+MANIFEST_MEDIA_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+CONFIG_MEDIA_TYPE = "application/vnd.docker.container.image.v1+json"
+MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
+TEMPLATE_MEDIA_TYPE = "application/vnd.ollama.image.template"
+PARAMS_MEDIA_TYPE = "application/vnd.ollama.image.params"
+PROJECTOR_MEDIA_TYPE = "application/vnd.ollama.image.projector"
+ADAPTER_MEDIA_TYPE = "application/vnd.ollama.image.adapter"
+
+# Ollama's own name rules (types/model/name.go): parts are letters, digits, '_', '-' and '.'.
+_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,79}$")
+_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(:[0-9]{1,5})?$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelName:
+    """A fully qualified Ollama model name."""
+
+    host: str = DEFAULT_HOST
+    namespace: str = DEFAULT_NAMESPACE
+    model: str = ""
+    tag: str = DEFAULT_TAG
+
+    @property
+    def repository(self) -> str:
+        """The registry repository path (``namespace/model``)."""
+        return f"{self.namespace}/{self.model}"
+
+    @property
+    def manifest_relpath(self) -> Path:
+        """Where the manifest lives under ``<store>/manifests``."""
+        return Path(self.host, self.namespace, self.model, self.tag)
+
+    @property
+    def short(self) -> str:
+        """The name as Ollama displays it: defaults left out, the tag always shown."""
+        if self.host != DEFAULT_HOST:
+            return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+        if self.namespace != DEFAULT_NAMESPACE:
+            return f"{self.namespace}/{self.model}:{self.tag}"
+        return f"{self.model}:{self.tag}"
+
+    def __str__(self) -> str:
+        return self.short
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """An Ollama model found in a store, with its GGUF blob ready for the engine."""
+
+    name: str
+    gguf_path: Path
+    size: int
+    manifest_path: Path
+    template: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    digest: str = ""
+    store: Path | None = None
+
+
+def store_dirs() -> list[Path]:
+    """Stores to search, in order. The first is where pulls write.
+
+    Like Ollama: ``OLLAMA_MODELS`` alone when set; otherwise ``~/.ollama/models``, then the Linux
+    service's store when it exists (a system install runs as the ``ollama`` user).
+    """
+    override = os.environ.get("OLLAMA_MODELS")
+    if override:
+        return [Path(override).expanduser()]
+    dirs = [Path.home() / ".ollama" / "models"]
+    if SERVICE_STORE.is_dir() and SERVICE_STORE not in dirs:
+        dirs.append(SERVICE_STORE)
+    return dirs
+
+
+def parse_name(name: str) -> ModelName:
+    """Parse ``model[:tag]``, ``namespace/model[:tag]`` or ``host/namespace/model[:tag]``."""
+    text = name.strip()
+    if text.startswith(("http://", "https://")):
+        text = text.split("://", 1)[1]
+    if "@" in text:
+        raise ModelNotFoundError(f"{name!r}: pulling by digest is not supported; name a tag")
+    parts = text.split("/")
+    last = parts[-1]
+    tag = DEFAULT_TAG
+    if ":" in last:
+        last, tag = last.rsplit(":", 1)
+    parts[-1] = last
+    if len(parts) == 1:
+        parsed = ModelName(model=parts[0], tag=tag)
+    elif len(parts) == 2:
+        parsed = ModelName(namespace=parts[0], model=parts[1], tag=tag)
+    elif len(parts) == 3:
+        parsed = ModelName(host=parts[0], namespace=parts[1], model=parts[2], tag=tag)
+    else:
+        parsed = ModelName(model="")
+    ok = (_HOST.match(parsed.host) and _PART.match(parsed.namespace)
+          and _PART.match(parsed.model) and _PART.match(parsed.tag))
+    if not ok:
+        raise ModelNotFoundError(
+            f"{name!r} is not a model name (expected model[:tag], namespace/model[:tag] or "
+            "host/namespace/model[:tag]) nor an existing .gguf file"
+        )
+    return parsed
+
+
+def blob_path(store: Path, digest: str) -> Path:
+    """The file of a content-addressed blob (``sha256:<hex>`` → ``blobs/sha256-<hex>``)."""
+    if not _DIGEST.match(digest):
+        raise GGUFError(f"malformed layer digest {digest!r} in a manifest")
+    return store / "blobs" / digest.replace(":", "-")
+
+
+def manifest_path(store: Path, name: ModelName) -> Path:
+    return store / "manifests" / name.manifest_relpath
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Parse a manifest file; a malformed one is a GGUFError naming the file."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise GGUFError(f"{path}: unreadable Ollama manifest ({exc}); "
+                        "pull the model again") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
+        raise GGUFError(f"{path}: not an Ollama manifest (no layers); pull the model again")
+    return data
+
+
+def manifest_digests(manifest: dict[str, Any]) -> list[str]:
+    """Every blob a manifest references (config first, then layers)."""
+    digests = []
+    config = manifest.get("config")
+    if isinstance(config, dict) and isinstance(config.get("digest"), str):
+        digests.append(config["digest"])
+    digests += [layer["digest"] for layer in manifest["layers"]
+                if isinstance(layer, dict) and isinstance(layer.get("digest"), str)]
+    return digests
+
+
+def _layers(manifest: dict[str, Any], media_type: str) -> list[dict[str, Any]]:
+    return [layer for layer in manifest["layers"]
+            if isinstance(layer, dict) and layer.get("mediaType") == media_type]
+
+
+def _is_cloud(store: Path, manifest: dict[str, Any], name: ModelName) -> bool:
+    # Ollama's cloud models are manifests whose config names a remote host and carry no weights.
+    if name.tag.endswith("cloud"):
+        return True
+    config = manifest.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("digest"), str):
+        return False
+    try:
+        data = json.loads(blob_path(store, config["digest"]).read_bytes())
+    except (OSError, ValueError, GGUFError):
+        return False
+    return isinstance(data, dict) and bool(data.get("remote_host") or data.get("remote_model"))
+
+
+def model_layer(manifest: dict[str, Any], name: ModelName, store: Path,
+                where: str) -> dict[str, Any]:
+    """The manifest's GGUF layer, or one line saying why this model cannot run here."""
+    models = _layers(manifest, MODEL_MEDIA_TYPE)
+    if not models:
+        if _is_cloud(store, manifest, name):
+            raise GGUFError(f"{name}: a cloud model (it runs on ollama.com, there are no weights "
+                            "to load); choose a local tag")
+        if _layers(manifest, PROJECTOR_MEDIA_TYPE):
+            raise GGUFError(f"{name}: only a vision projector, no language model; localspec "
+                            "needs a text model")
+        raise GGUFError(f"{name}: {where} has no model layer; localspec cannot run it")
+    if _layers(manifest, ADAPTER_MEDIA_TYPE):
+        raise GGUFError(f"{name}: a LoRA adapter model; localspec runs plain GGUF models only "
+                        "(use the base model)")
+    return models[0]
+
+
+def _read_text_layer(store: Path, manifest: dict[str, Any], media_type: str) -> str | None:
+    layers = _layers(manifest, media_type)
+    if not layers:
+        return None
+    try:
+        return blob_path(store, layers[0]["digest"]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, GGUFError, KeyError):
+        log.debug("layer %s of a manifest in %s is unreadable", media_type, store)
+        return None
+
+
+def _read_params(store: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    text = _read_text_layer(store, manifest, PARAMS_MEDIA_TYPE)
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_gguf_blob(path: Path, name: ModelName) -> int:
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ModelNotFoundError(f"{name}: its manifest is present but the model blob {path.name} "
+                                 f"is missing; run `localspec pull {name}` again") from None
+    except OSError as exc:
+        raise GGUFError(f"{name}: cannot read {path} ({exc.strerror})") from exc
+    if magic != b"GGUF":
+        raise GGUFError(f"{name}: the model blob {path} is not a GGUF file (damaged or an "
+                        f"unsupported format); remove it (`ollama rm {name}`) and pull it again")
+    return size
+
+
+def resolve_in(store: Path, name: ModelName) -> ResolvedModel:
+    """Resolve ``name`` in one store. Raises ModelNotFoundError when its manifest is absent."""
+    mpath = manifest_path(store, name)
+    if not mpath.is_file():
+        raise ModelNotFoundError(f"{name}: not in the Ollama store {store}; "
+                                 f"run `localspec pull {name}`")
+    manifest = read_manifest(mpath)
+    layer = model_layer(manifest, name, store, f"manifest {mpath}")
+    gguf = blob_path(store, str(layer.get("digest")))
+    size = _check_gguf_blob(gguf, name)
+    return ResolvedModel(
+        name=name.short,
+        gguf_path=gguf,
+        size=size,
+        manifest_path=mpath,
+        template=_read_text_layer(store, manifest, TEMPLATE_MEDIA_TYPE),
+        params=_read_params(store, manifest),
+        digest=str(layer["digest"]),
+        store=store,
+    )
+
+
+def resolve(name: str | ModelName) -> ResolvedModel:
+    """Find ``name`` in the first store that has its manifest and return its GGUF blob."""
+    parsed = name if isinstance(name, ModelName) else parse_name(name)
+    stores = store_dirs()
+    for store in stores:
+        if manifest_path(store, parsed).is_file():
+            return resolve_in(store, parsed)
+    where = " or ".join(str(s) for s in stores)
+    raise ModelNotFoundError(f"{parsed}: not in the Ollama store ({where}); "
+                             f"run `localspec pull {parsed}`")
+
+
+def _iter_manifests(store: Path) -> list[tuple[ModelName, Path]]:
+    root = store / "manifests"
+    found = []
+    # Exactly four levels: host/namespace/model/tag; anything else is not a manifest.
+    for path in sorted(root.glob("*/*/*/*")):
+        if not path.is_file() or path.name.startswith(".") or path.name.endswith(".partial"):
+            continue
+        host, namespace, model, tag = path.relative_to(root).parts
+        found.append((ModelName(host, namespace, model, tag), path))
+    return found
+
+
+def list_local() -> list[ResolvedModel]:
+    """Every model in the store(s) whose manifest resolves to a GGUF blob, first store wins."""
+    seen: set[str] = set()
+    models = []
+    for store in store_dirs():
+        for name, _ in _iter_manifests(store):
+            if name.short in seen:
+                continue
+            try:
+                models.append(resolve_in(store, name))
+            except (ModelNotFoundError, GGUFError) as exc:
+                log.debug("skipping %s: %s", name, exc)
+                continue
+            seen.add(name.short)
+    return models
+
+
+def _referenced(store: Path) -> set[str]:
+    refs: set[str] = set()
+    for _, path in _iter_manifests(store):
+        try:
+            refs.update(manifest_digests(read_manifest(path)))
+        except GGUFError:
+            continue
+    return refs
+
+
+def delete(name: str | ModelName) -> None:
+    """Remove a model's manifest and the blobs that no other manifest references."""
+    parsed = name if isinstance(name, ModelName) else parse_name(name)
+    for store in store_dirs():
+        mpath = manifest_path(store, parsed)
+        if not mpath.is_file():
+            continue
+        try:
+            digests = manifest_digests(read_manifest(mpath))
+        except GGUFError:
+            digests = []
+        mpath.unlink()
+        _prune_empty_dirs(mpath.parent, store / "manifests")
+        still_used = _referenced(store)
+        for digest in digests:
+            if digest in still_used:
+                continue
+            try:
+                blob_path(store, digest).unlink(missing_ok=True)
+            except GGUFError:
+                continue
+        return
+    raise ModelNotFoundError(f"{parsed}: not in the Ollama store; nothing to delete")
+
+
+def _prune_empty_dirs(folder: Path, stop: Path) -> None:
+    while folder != stop and folder.is_relative_to(stop):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent

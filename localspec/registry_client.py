@@ -1,0 +1,305 @@
+"""Pull a model straight from an OCI / Docker distribution v2 registry into the Ollama store.
+
+This is the protocol Ollama itself speaks (``GET /v2/<repo>/manifests/<tag>``, then
+``GET /v2/<repo>/blobs/<digest>``), and the files land where Ollama puts them, so Ollama sees the
+model later. Interrupt safety, in order of the steps:
+
+* each blob is written to ``blobs/sha256-<hex>.partial`` and fsynced, its sha256 checked, and only
+  then renamed to its final name; a damaged download is deleted, never kept;
+* an interrupted ``.partial`` is resumed with an HTTP range request (its bytes are re-hashed first);
+* the manifest is written last, to a temporary name, fsynced and renamed, so a model never looks
+  complete before all its blobs are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .errors import GGUFError, ModelNotFoundError, PullError
+from .ollama_store import (
+    MANIFEST_MEDIA_TYPE,
+    ModelName,
+    blob_path,
+    manifest_digests,
+    manifest_path,
+    model_layer,
+)
+
+log = logging.getLogger(__name__)
+
+CHUNK_SIZE = 1 << 20
+ACCEPT = f"{MANIFEST_MEDIA_TYPE}, application/vnd.oci.image.manifest.v1+json"
+
+
+@dataclass(frozen=True, slots=True)
+class PullProgress:
+    """One progress report: a layer's digest (empty for whole-model steps) and its byte counts."""
+
+    digest: str
+    completed: int
+    total: int
+    status: str
+
+
+ProgressCallback = Callable[[PullProgress], None]
+
+
+def registry_url(name: ModelName, registry: str | None, insecure: bool) -> str:
+    """The base URL to pull ``name`` from: ``registry`` when given, else the name's host."""
+    if registry:
+        url = registry if "://" in registry else f"{'http' if insecure else 'https'}://{registry}"
+    else:
+        url = f"{'http' if insecure else 'https'}://{name.host}"
+    if url.startswith("http://") and not insecure:
+        raise PullError(f"{url} is plain http; pass --insecure to pull from it")
+    return url.rstrip("/")
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename is durable only once the directory entry is on disk too.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``.<name>.partial`` next to ``path``, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A leading dot keeps the temporary name out of Ollama's tag namespace.
+    tmp = path.with_name(f".{path.name}.partial")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+
+
+class RegistryClient:
+    """A minimal distribution-v2 client: manifests, blobs, and anonymous bearer tokens."""
+
+    def __init__(self, base_url: str, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=10.0),
+                                  follow_redirects=True, transport=transport)
+        self._token: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = dict(extra or {})
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def _authenticate(self, response: httpx.Response) -> bool:
+        """Answer a ``WWW-Authenticate: Bearer`` challenge with an anonymous token."""
+        challenge = response.headers.get("www-authenticate", "")
+        if not challenge.lower().startswith("bearer") or self._token is not None:
+            return False
+        fields = dict(_CHALLENGE.findall(challenge))
+        realm = fields.pop("realm", None)
+        if not realm:
+            return False
+        reply = self._http.get(realm, params=fields)
+        if reply.status_code != 200:
+            return False
+        body = reply.json()
+        self._token = body.get("token") or body.get("access_token")
+        return bool(self._token)
+
+    def _send(self, method: str, url: str, headers: dict[str, str]) -> httpx.Response:
+        request = self._http.build_request(method, url, headers=self._headers(headers))
+        response = self._http.send(request, stream=True)
+        if response.status_code == 401 and self._authenticate(response):
+            response.close()
+            request = self._http.build_request(method, url, headers=self._headers(headers))
+            response = self._http.send(request, stream=True)
+        return response
+
+    def get_manifest(self, name: ModelName) -> bytes:
+        """The manifest bytes for ``name``'s tag; ModelNotFoundError when the tag is absent."""
+        url = f"{self.base_url}/v2/{name.repository}/manifests/{name.tag}"
+        try:
+            response = self._send("GET", url, {"Accept": ACCEPT})
+            try:
+                response.read()
+            finally:
+                response.close()
+        except httpx.HTTPError as exc:
+            raise PullError(f"cannot reach {self.base_url} ({exc}); check the network or "
+                            "--registry") from exc
+        if response.status_code == 404:
+            raise ModelNotFoundError(f"{name}: no such model or tag at {self.base_url}; check "
+                                     "the name on ollama.com/library")
+        if response.status_code in (401, 403):
+            raise PullError(f"{name}: {self.base_url} refused access (HTTP "
+                            f"{response.status_code}); is the model private?")
+        if response.status_code != 200:
+            raise PullError(f"{name}: {self.base_url} answered HTTP {response.status_code} for "
+                            "its manifest")
+        return response.content
+
+    def download_blob(self, name: ModelName, digest: str, size: int, dest: Path,
+                      progress: ProgressCallback | None = None,
+                      cancel: threading.Event | None = None) -> None:
+        """Download one blob to ``dest``, resuming ``dest.partial``; verify before renaming."""
+        partial = dest.with_name(dest.name + ".partial")
+        hasher = hashlib.sha256()
+        offset = _rehash_partial(partial, hasher, size)
+        report = progress or (lambda _p: None)
+        report(PullProgress(digest, offset, size, "downloading"))
+        url = f"{self.base_url}/v2/{name.repository}/blobs/{digest}"
+        if offset < size:
+            try:
+                offset, hasher = self._stream_to(url, partial, offset, hasher, digest, size,
+                                                 report, cancel)
+            except httpx.HTTPError as exc:
+                raise PullError(f"download of {digest[:19]} interrupted ({exc}); run the pull "
+                                "again to resume") from exc
+        report(PullProgress(digest, offset, size, "verifying"))
+        actual = "sha256:" + hasher.hexdigest()
+        if offset != size or actual != digest:
+            partial.unlink(missing_ok=True)
+            raise PullError(f"{name}: layer {digest[:19]} failed verification (got {offset} "
+                            f"bytes, {actual[:19]}); the damaged download was discarded, pull "
+                            "again or try another registry")
+        os.replace(partial, dest)
+        _fsync_dir(dest.parent)
+        report(PullProgress(digest, size, size, "done"))
+
+    def _stream_to(self, url: str, partial: Path, offset: int, hasher: Any, digest: str,
+                   size: int, report: ProgressCallback,
+                   cancel: threading.Event | None) -> tuple[int, Any]:
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        response = self._send("GET", url, headers)
+        try:
+            if response.status_code == 416:
+                return offset, hasher  # the partial holds everything; verification decides
+            if response.status_code == 200 and offset:
+                # The server ignored the range: start over rather than append a second copy.
+                log.info("registry ignored the range request for %s; restarting it", digest)
+                offset, hasher = 0, hashlib.sha256()
+            elif response.status_code not in (200, 206):
+                raise PullError(f"{digest[:19]}: the registry answered HTTP "
+                                f"{response.status_code} for the blob")
+            mode = "ab" if offset else "wb"
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with partial.open(mode) as fh:
+                    for chunk in response.iter_bytes(CHUNK_SIZE):
+                        if cancel is not None and cancel.is_set():
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                            raise PullError("pull cancelled; run it again to resume")
+                        fh.write(chunk)
+                        hasher.update(chunk)
+                        offset += len(chunk)
+                        if offset > size:
+                            break  # more than the manifest declared: verification rejects it
+                        report(PullProgress(digest, offset, size, "downloading"))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                raise PullError(f"cannot write {partial} ({exc.strerror}); free some space and "
+                                "pull again to resume") from exc
+            return offset, hasher
+        finally:
+            response.close()
+
+
+def _rehash_partial(partial: Path, hasher: Any, size: int) -> int:
+    """Feed an interrupted download's bytes to ``hasher``; return how many there are."""
+    try:
+        have = partial.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if have > size:
+        partial.unlink()
+        return 0
+    with partial.open("rb") as fh:
+        while chunk := fh.read(CHUNK_SIZE):
+            hasher.update(chunk)
+    return have
+
+
+def parse_manifest(name: ModelName, raw: bytes, store: Path, source: str) -> dict[str, Any]:
+    """Check a pulled manifest before any blob is fetched: it must name a runnable GGUF layer."""
+    try:
+        manifest = json.loads(raw)
+    except ValueError as exc:
+        raise PullError(f"{name}: {source} sent a manifest that is not JSON") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("layers"), list):
+        raise PullError(f"{name}: {source} sent a manifest without layers (not an Ollama model)")
+    try:
+        model_layer(manifest, name, store, f"the manifest from {source}")
+    except GGUFError as exc:
+        raise PullError(str(exc)) from exc
+    return manifest
+
+
+def _layer_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for desc in [manifest.get("config"), *manifest["layers"]]:
+        if isinstance(desc, dict) and isinstance(desc.get("digest"), str):
+            sizes[desc["digest"]] = int(desc.get("size") or 0)
+    return sizes
+
+
+def pull_direct(name: ModelName, store: Path, *, base_url: str,
+                progress: ProgressCallback | None = None,
+                cancel: threading.Event | None = None,
+                transport: httpx.BaseTransport | None = None) -> Path:
+    """Pull ``name`` from ``base_url`` into ``store``; return the manifest path written."""
+    report = progress or (lambda _p: None)
+    with RegistryClient(base_url, transport=transport) as client:
+        report(PullProgress("", 0, 0, "pulling manifest"))
+        raw = client.get_manifest(name)
+        manifest = parse_manifest(name, raw, store, base_url)
+        sizes = _layer_sizes(manifest)
+        for digest in manifest_digests(manifest):
+            dest = blob_path(store, digest)
+            if dest.is_file() and dest.stat().st_size == sizes[digest]:
+                # Only verified blobs ever get their final name, so present means good.
+                report(PullProgress(digest, sizes[digest], sizes[digest], "exists"))
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            client.download_blob(name, digest, sizes[digest], dest, progress, cancel)
+    report(PullProgress("", 0, 0, "writing manifest"))
+    target = manifest_path(store, name)
+    try:
+        write_atomic(target, raw)
+    except OSError as exc:
+        raise PullError(f"cannot write {target} ({exc.strerror}); free some space and pull "
+                        "again") from exc
+    report(PullProgress("", 0, 0, "success"))
+    return target

@@ -1,0 +1,31 @@
+"""Helpers for engine tests."""
+
+from __future__ import annotations
+
+from localspec.engine import (
+    DraftSettings,
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+    SpeculativeEngine,
+)
+
+PROMPTS = (
+    "the model and the draft",
+    "def fast(value): return value",
+    "import data from the list",
+    "token speed is the target of this test",
+    "a",
+    "print print print print",
+    "while it is not local",
+    "class model self if else",
+)
+
+
+def run(engine: SpeculativeEngine, prompt: str, *, max_tokens: int = 48, mode: str = "model",
+        k: int | None = None, sampling: SamplingParams = SamplingParams(),
+        stop: tuple[str, ...] = ()) -> Finished:
+    tokens = engine.tokenize(prompt, chat=False)
+    req = GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sampling=sampling,
+                            stop=stop, draft=DraftSettings(mode=mode, k=k))  # type: ignore[arg-type]
+    return engine.generate(req)

@@ -1,0 +1,131 @@
+"""The pair catalogue: shipped pairs, user pairs merged over them, validation, suggestions."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from localspec import catalogue
+from localspec.catalogue import (
+    add_user_pair,
+    find_pair,
+    load_pairs,
+    pair_status,
+    remove_user_pair,
+    suggest_drafts,
+    user_pairs_path,
+)
+from localspec.errors import ConfigError, IncompatiblePairError, ModelNotFoundError
+from localspec.ollama_store import parse_name
+from tests.ollama_helpers import install_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "ollama-models"
+
+
+def test_shipped_catalogue_covers_families() -> None:
+    pairs = catalogue.shipped_pairs()
+    assert {"llama3.1-8b", "llama3.1-70b", "qwen2.5-7b", "qwen2.5-coder-32b",
+            "gemma3-27b"} <= set(pairs)
+    for pair in pairs.values():
+        assert pair.source == "shipped" and pair.why and pair.draft_mode in catalogue.DRAFT_MODES
+        # Every tag is a well-formed Ollama library name (model:tag, default namespace).
+        for ref in (pair.target, pair.draft):
+            parsed = parse_name(ref)
+            assert parsed.namespace == "library" and ":" in ref, ref
+
+
+def test_top_level_models_toml_is_the_shipped_file() -> None:
+    top = REPO / "models.toml"
+    assert top.is_symlink()
+    assert top.resolve() == (REPO / "localspec" / "models.toml").resolve()
+    tomllib.loads(top.read_text())
+
+
+def test_find_pair_suggests_close_names() -> None:
+    assert find_pair("qwen2.5-coder-32b").draft == "qwen2.5-coder:1.5b"
+    with pytest.raises(ModelNotFoundError, match="did you mean .*qwen2.5-coder-32b"):
+        find_pair("qwen2.5-coder-23b")
+
+
+def test_user_pairs_win(store: Path, target_gguf: Path, draft_gguf: Path) -> None:
+    install_gguf(store, "tiny:big", target_gguf)
+    install_gguf(store, "tiny:small", draft_gguf)
+    pair = add_user_pair("llama3.1-8b", "tiny:big", "tiny:small", draft_mode="lookup")
+    assert pair.source == "user"
+    merged = load_pairs()
+    assert merged["llama3.1-8b"].target == "tiny:big"
+    assert merged["llama3.1-8b"].draft_mode == "lookup"
+    assert "qwen2.5-7b" in merged
+    saved = tomllib.loads(user_pairs_path().read_text())
+    assert saved["pair"][0]["draft"] == "tiny:small"
+    assert not list(user_pairs_path().parent.glob("*.partial"))
+    remove_user_pair("llama3.1-8b")
+    assert load_pairs()["llama3.1-8b"].source == "shipped"
+
+
+def test_add_pair_with_paths(target_gguf: Path, draft_gguf: Path) -> None:
+    add_user_pair("mine", str(target_gguf), str(draft_gguf))
+    assert find_pair("mine").target == str(target_gguf)
+
+
+def test_add_incompatible_pair_is_refused(target_gguf: Path, other_vocab_gguf: Path) -> None:
+    with pytest.raises(IncompatiblePairError):
+        add_user_pair("bad", str(target_gguf), str(other_vocab_gguf))
+    assert not user_pairs_path().exists()
+
+
+def test_add_pair_with_absent_model(target_gguf: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="localspec pull"):
+        add_user_pair("x", str(target_gguf), "absent:1b")
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ('[[pair]]\nname = "a"\ntarget = \n', r"line 3, column \d+: Invalid value"),
+    ('[[pair]]\nname = "a"\n\n[[pair]]\nname = "b"\ntarget = "t"\n', r"line 1: .*'target'"),
+    ('[[pair]]\nname = "a"\ntarget = "t"\ndraft = "d"\ndraft_mode = "fast"\n',
+     r"line 1: draft_mode 'fast'"),
+    ('pair = "nope"\n', "array of tables"),
+])
+def test_malformed_user_file(text: str, match: str) -> None:
+    path = user_pairs_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_pairs()
+    assert str(path) in str(info.value)
+
+
+def test_pair_status(store: Path, target_gguf: Path, draft_gguf: Path,
+                     other_vocab_gguf: Path) -> None:
+    install_gguf(store, "tiny:big", target_gguf)
+    install_gguf(store, "tiny:small", draft_gguf)
+    install_gguf(store, "other:1b", other_vocab_gguf)
+    good = pair_status(catalogue.Pair("g", "tiny:big", "tiny:small"))
+    assert good.compatible is True and good.target_path and good.draft_path
+    bad = pair_status(catalogue.Pair("b", "tiny:big", "other:1b"))
+    assert bad.compatible is False and bad.problems
+    absent = pair_status(catalogue.Pair("a", "tiny:big", "nothing:1b"))
+    assert absent.compatible is None and absent.draft_path is None
+    assert absent.to_json()["target_present"] is True
+
+
+def test_suggest_drafts(store: Path, target_gguf: Path, draft_gguf: Path,
+                        random_draft_gguf: Path, other_vocab_gguf: Path) -> None:
+    install_gguf(store, "tiny:big", target_gguf)
+    install_gguf(store, "tiny:small", draft_gguf)
+    install_gguf(store, "random:1b", random_draft_gguf)
+    install_gguf(store, "other:1b", other_vocab_gguf)
+    found = suggest_drafts("tiny:big")
+    names = [s.name for s in found]
+    assert "other:1b" not in names and "tiny:big" not in names
+    assert set(names) == {"tiny:small", "random:1b"}
+    assert all(s.size_ratio > 1 for s in found)
+    assert found == sorted(found, key=lambda s: -s.size_ratio)
+    assert suggest_drafts(str(target_gguf))  # a path works as the target too

@@ -1,0 +1,124 @@
+"""The model subcommands end to end: list, suggest, pair, pull (against a real registry)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localspec.catalogue import user_pairs_path
+from localspec.cli import main
+from tests.ollama_helpers import (
+    REGISTRY_BINARY,
+    RegistryServer,
+    build_model,
+    install_gguf,
+    push_model,
+    start_registry,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "ollama-models"
+
+
+@pytest.fixture
+def tiny_pair(store: Path, target_gguf: Path, draft_gguf: Path, other_vocab_gguf: Path) -> None:
+    install_gguf(store, "tiny:big", target_gguf)
+    install_gguf(store, "tiny:small", draft_gguf)
+    install_gguf(store, "other:1b", other_vocab_gguf)
+
+
+def _user_file(text: str) -> Path:
+    path = user_pairs_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_list_json(tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:
+    _user_file('[[pair]]\nname = "tiny"\ntarget = "tiny:big"\ndraft = "tiny:small"\n'
+               '[[pair]]\nname = "mismatch"\ntarget = "tiny:big"\ndraft = "other:1b"\n')
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    pairs = {p["name"]: p for p in data["pairs"]}
+    assert pairs["tiny"]["compatible"] is True and pairs["tiny"]["source"] == "user"
+    assert pairs["mismatch"]["compatible"] is False and pairs["mismatch"]["problems"]
+    assert pairs["qwen2.5-coder-32b"]["target_present"] is False
+    assert pairs["qwen2.5-coder-32b"]["compatible"] is None
+    models = {m["name"]: m for m in data["models"]}
+    assert set(models) == {"tiny:big", "tiny:small", "other:1b"}
+    assert models["tiny:big"]["quantization"] == "F32"
+    assert models["tiny:big"]["size"] > models["tiny:small"]["size"] > 0
+
+
+def test_list_text(tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2.5-coder-32b" in out and "tiny:big" in out and "F32" in out
+
+
+def test_list_reports_malformed_user_file(capsys: pytest.CaptureFixture[str]) -> None:
+    path = _user_file('[[pair]]\nname = "x"\ntarget = oops\n')
+    assert main(["list"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(path) in err and "line 3" in err
+
+
+def test_suggest(tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["suggest", "tiny:big"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny:small" in out and "other:1b" not in out
+    assert main(["suggest", "tiny:big", "--json"]) == 0
+    assert [s["name"] for s in json.loads(capsys.readouterr().out)] == ["tiny:small"]
+
+
+def test_pair_add_and_remove(tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pair", "add", "mine", "--target", "tiny:big", "--draft", "tiny:small"]) == 0
+    assert "saved pair mine" in capsys.readouterr().out
+    assert main(["list", "--json"]) == 0
+    assert any(p["name"] == "mine" for p in json.loads(capsys.readouterr().out)["pairs"])
+    assert main(["pair", "remove", "mine"]) == 0
+    assert main(["pair", "remove", "mine"]) == 1
+
+
+def test_pair_add_refuses_incompatible(tiny_pair: None,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pair", "add", "bad", "--target", "tiny:big", "--draft", "other:1b"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot draft" in err and err.count("\n") == 1
+    assert not user_pairs_path().exists()
+
+
+def test_pull_unknown_pair_or_model_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    dead = "http://127.0.0.1:9"
+    assert main(["pull", "tiny:1b", "--registry", dead, "--insecure"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    if shutil.which(REGISTRY_BINARY) is None:
+        pytest.skip(f"{REGISTRY_BINARY} is missing: apt-get install docker-registry "
+                    "(.ci/run installs it)")
+    server = start_registry(tmp_path_factory.mktemp("registry-cli"))
+    yield server
+    server.stop()
+
+
+def test_pull_pair_from_registry(registry: RegistryServer, store: Path, target_gguf: Path,
+                                 draft_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    push_model(registry.url, "library/tiny", "big", build_model(target_gguf))
+    push_model(registry.url, "library/tiny", "small", build_model(draft_gguf))
+    _user_file('[[pair]]\nname = "tiny"\ntarget = "tiny:big"\ndraft = "tiny:small"\n')
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in out] == ["tiny:big", "tiny:small"]
+    assert all(Path(line.split("\t")[1]).is_file() for line in out)
+    # Present now: a second pull needs no registry at all.
+    assert main(["pull", "tiny", "--registry", "http://127.0.0.1:9", "--insecure"]) == 0
+    assert main(["pull", "tiny:big"]) == 0

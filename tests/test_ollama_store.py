@@ -1,0 +1,168 @@
+"""Store resolution against store trees built the way Ollama writes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localspec import ollama_store
+from localspec.errors import GGUFError, ModelNotFoundError
+from localspec.model_ref import display_name, resolve_model
+from localspec.ollama_store import PROJECTOR_MEDIA_TYPE, ModelName, parse_name
+from tests.ollama_helpers import PARAMS, TEMPLATE, Layer, build_model, install_gguf, write_model
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "ollama-models"  # what isolated_home points OLLAMA_MODELS at
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("qwen2.5-coder:1.5b", ModelName(model="qwen2.5-coder", tag="1.5b")),
+    ("llama3.1", ModelName(model="llama3.1", tag="latest")),
+    ("user/model:tag", ModelName(namespace="user", model="model", tag="tag")),
+    ("hf.co/bartowski/Qwen2.5-GGUF:Q4_K_M",
+     ModelName("hf.co", "bartowski", "Qwen2.5-GGUF", "Q4_K_M")),
+    ("127.0.0.1:5000/library/tiny:v1", ModelName("127.0.0.1:5000", "library", "tiny", "v1")),
+])
+def test_parse_name(text: str, expected: ModelName) -> None:
+    assert parse_name(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "a/b/c/d", "bad name", "model@sha256:abc", ":tag"])
+def test_parse_name_rejects(bad: str) -> None:
+    with pytest.raises(ModelNotFoundError):
+        parse_name(bad)
+
+
+def test_short_names() -> None:
+    assert parse_name("llama3.1").short == "llama3.1:latest"
+    assert parse_name("user/m:t").short == "user/m:t"
+    assert parse_name("h:1/ns/m:t").short == "h:1/ns/m:t"
+
+
+def test_store_dirs_follow_ollama(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "x"))
+    assert ollama_store.store_dirs() == [tmp_path / "x"]
+    monkeypatch.delenv("OLLAMA_MODELS")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ollama_store.store_dirs()[0] == tmp_path / ".ollama" / "models"
+
+
+def test_resolve_reads_manifest_blob_template_params(store: Path, target_gguf: Path) -> None:
+    model = install_gguf(store, "tiny:1b", target_gguf)
+    resolved = ollama_store.resolve("tiny:1b")
+    assert resolved.name == "tiny:1b"
+    assert resolved.gguf_path == store / "blobs" / model.model_layer.digest.replace(":", "-")
+    assert resolved.gguf_path.read_bytes() == target_gguf.read_bytes()
+    assert resolved.size == target_gguf.stat().st_size
+    assert resolved.manifest_path == store / "manifests/registry.ollama.ai/library/tiny/1b"
+    assert resolved.template == TEMPLATE
+    assert resolved.params == PARAMS
+
+
+def test_latest_and_namespaced_names(store: Path, target_gguf: Path) -> None:
+    install_gguf(store, "tiny", target_gguf)
+    install_gguf(store, "someone/tiny:q4", target_gguf)
+    install_gguf(store, "example.com:8080/team/tiny:v2", target_gguf)
+    assert ollama_store.resolve("tiny").name == "tiny:latest"
+    assert ollama_store.resolve("tiny:latest").gguf_path.is_file()
+    assert ollama_store.resolve("someone/tiny:q4").name == "someone/tiny:q4"
+    assert ollama_store.resolve("example.com:8080/team/tiny:v2").gguf_path.is_file()
+
+
+def test_missing_manifest_says_pull(store: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match=r"localspec pull nothing:latest"):
+        ollama_store.resolve("nothing")
+
+
+def test_missing_blob_says_pull(store: Path, target_gguf: Path) -> None:
+    model = install_gguf(store, "tiny", target_gguf)
+    (store / "blobs" / model.model_layer.digest.replace(":", "-")).unlink()
+    with pytest.raises(ModelNotFoundError, match="blob .* is missing"):
+        ollama_store.resolve("tiny")
+
+
+def test_blob_that_is_not_gguf(store: Path) -> None:
+    write_model(store, "junk", build_model(b"PK\x03\x04 not a gguf at all"))
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        ollama_store.resolve("junk")
+
+
+def test_projector_only_model(store: Path) -> None:
+    model = build_model(with_model=False, extra_layers=(Layer(PROJECTOR_MEDIA_TYPE, b"GGUF..."),))
+    write_model(store, "proj", model)
+    with pytest.raises(GGUFError, match="projector"):
+        ollama_store.resolve("proj")
+
+
+def test_cloud_model(store: Path) -> None:
+    config = {"remote_host": "https://ollama.com:443", "remote_model": "gpt-oss:120b"}
+    write_model(store, "gpt-oss:120b-cloud", build_model(with_model=False, config=config))
+    with pytest.raises(GGUFError, match="cloud model"):
+        ollama_store.resolve("gpt-oss:120b-cloud")
+
+
+def test_malformed_manifest(store: Path) -> None:
+    path = store / "manifests/registry.ollama.ai/library/broken/latest"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(GGUFError, match="unreadable Ollama manifest"):
+        ollama_store.resolve("broken")
+
+
+def test_list_local_skips_unrunnable(store: Path, target_gguf: Path, draft_gguf: Path) -> None:
+    install_gguf(store, "tiny:big", target_gguf)
+    install_gguf(store, "tiny:small", draft_gguf)
+    write_model(store, "junk", build_model(b"nope"))
+    (store / "manifests/registry.ollama.ai/library/tiny/.x.partial").write_text("{}")
+    names = sorted(m.name for m in ollama_store.list_local())
+    assert names == ["tiny:big", "tiny:small"]
+
+
+def test_delete_keeps_shared_blobs(store: Path, target_gguf: Path, draft_gguf: Path) -> None:
+    shared = install_gguf(store, "a", target_gguf)
+    install_gguf(store, "b", target_gguf)
+    own = install_gguf(store, "c", draft_gguf)
+    ollama_store.delete("a")
+    assert not (store / "manifests/registry.ollama.ai/library/a").exists()
+    assert ollama_store.resolve("b").gguf_path.is_file()  # still referenced by b
+    ollama_store.delete("c")
+    assert not (store / "blobs" / own.model_layer.digest.replace(":", "-")).exists()
+    assert (store / "blobs" / shared.model_layer.digest.replace(":", "-")).exists()
+    with pytest.raises(ModelNotFoundError):
+        ollama_store.delete("c")
+
+
+def test_manifest_is_real_ollama_format(store: Path, target_gguf: Path) -> None:
+    install_gguf(store, "tiny", target_gguf)
+    data = json.loads((store / "manifests/registry.ollama.ai/library/tiny/latest").read_text())
+    assert data["schemaVersion"] == 2
+    assert data["config"]["mediaType"] == "application/vnd.docker.container.image.v1+json"
+
+
+def test_resolve_model_paths_and_names(store: Path, target_gguf: Path, tmp_path: Path) -> None:
+    install_gguf(store, "tiny", target_gguf)
+    assert resolve_model(str(target_gguf)) == target_gguf
+    assert resolve_model("tiny").read_bytes()[:4] == b"GGUF"
+    with pytest.raises(GGUFError, match="no such file"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError):
+        resolve_model("absent:7b")
+    assert display_name(str(target_gguf)) == "target.gguf"
+    assert display_name("tiny") == "tiny:latest"
+
+
+def test_pulled_store_model_runs(store: Path, target_gguf: Path) -> None:
+    from localspec.engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
+
+    install_gguf(store, "tiny", target_gguf)
+    eng = SpeculativeEngine.load(resolve_model("tiny"), None, ModelSettings(n_ctx=256))
+    try:
+        out = eng.generate(GenerationRequest(prompt_tokens=eng.tokenize("hello", chat=False),
+                                             max_tokens=8, draft=DraftSettings(mode="none")))
+    finally:
+        eng.close()
+    assert len(out.tokens) == 8
