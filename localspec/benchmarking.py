@@ -119,6 +119,11 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
     """Alternate plain and speculative runs per prompt; medians per prompt, totals overall."""
     results: list[PromptResult] = []
     plain_draft = DraftSettings(mode="none")
+    if prompts:
+        # Not counted: the first decode of a given batch shape allocates llama.cpp's compute
+        # graph, which would otherwise be charged to whichever run happens to go first.
+        for draft in (plain_draft, cfg.draft):
+            engine.generate(_request(engine, prompts[0], cfg, draft))
     for prompt in prompts:
         res = PromptResult(prompt)
         for _ in range(cfg.repeats):

@@ -103,7 +103,8 @@ def _print_table(result: dict) -> None:  # type: ignore[type-arg]
                   f"{p['mean_k']:.2f}",
                   f"{p['plain_ttft_seconds'] * 1000:.0f}/{p['spec_ttft_seconds'] * 1000:.0f}",
                   "yes" if p["identical"] else "NO")
-    Console().print(t)
+    # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
+    Console(width=None if sys.stdout.isatty() else 150).print(t)
     print(f"overall: {result['plain_tokens_per_second']:.1f} -> "
           f"{result['spec_tokens_per_second']:.1f} tok/s, speedup {result['speedup']:.2f}x, "
           f"identical output: {'yes' if result['all_identical'] else 'NO'}")

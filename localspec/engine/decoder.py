@@ -149,7 +149,7 @@ class SpeculativeEngine:
     # -- calibration --------------------------------------------------------------------------
     def _calibrate(self) -> CostModel:
         """Time one-token and (k_max+1)-token target decodes and a draft step on this machine."""
-        n = self.k_max + 1
+        n = max(2, min(self.k_max + 1, self.target.n_batch, self.target.n_ctx - 1))
         t1 = self.target.time_decode(1)
         tn = self.target.time_decode(n)
         td = self.draft.time_decode(1) if self.draft is not None else 0.0

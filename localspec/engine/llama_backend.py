@@ -98,7 +98,8 @@ class LlamaRunner:
         self.path = Path(path)
         self.settings = settings
         self.n_ctx = self.llm.n_ctx()
-        self.n_batch = settings.n_batch
+        # llama.cpp clamps n_batch to n_ctx; chunk by what the context really accepts.
+        self.n_batch = int(llama_cpp.llama_n_batch(self.llm.ctx))
         self._ctx = self.llm.ctx
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))

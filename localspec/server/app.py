@@ -1,0 +1,372 @@
+"""The ASGI app: OpenAI-compatible routes over one engine worker.
+
+Handlers never touch the engine: they validate, hand work to the ``EngineWorker`` thread and await
+its events through an asyncio queue fed with ``loop.call_soon_threadsafe``, so the event loop
+stays free for other clients while a generation runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine.decoder import Finished
+from ..engine.text import TextChunk
+from ..errors import ContextOverflowError, LocalspecError
+from .config import ServerConfig
+from .metrics import Metrics
+from .openai_schema import (
+    ApiError,
+    Kind,
+    ParsedRequest,
+    chunk,
+    error_body,
+    full_response,
+    generation_request,
+    models_list,
+    new_id,
+    parse_request,
+    sse,
+    usage_chunk,
+)
+from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
+
+if TYPE_CHECKING:
+    from ..engine.decoder import SpeculativeEngine
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A body over the limit is still read (up to this much) before answering 413: closing the
+# connection while the client is still sending makes it see a reset instead of the error body.
+_DRAIN_CAP = 32 << 20
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the handlers share: the worker, the settings, the counters."""
+
+    worker: EngineWorker
+    config: ServerConfig
+    metrics: Metrics = field(default_factory=Metrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+    _names: tuple[str, ...] | None = None
+
+    def model_names(self) -> tuple[str, ...]:
+        """The id first, then every other name a request may use."""
+        if self._names is None:
+            names = [self.config.model_id, *self.config.aliases]
+            engine = self.worker.engine
+            if engine is not None and self.worker.state == "ready":
+                meta_name = engine.target.metadata.get("general.name")
+                names += [n for n in (meta_name, engine.target.path.stem, engine.target.path.name)
+                          if n]
+                self._names = tuple(dict.fromkeys(names))
+            return tuple(dict.fromkeys(names))
+        return self._names
+
+    def model_meta(self) -> dict[str, Any]:
+        engine = self.worker.engine
+        if engine is None or self.worker.state != "ready":
+            return {}
+        return {"target": str(engine.target.path),
+                "draft": str(engine.draft.path) if engine.draft is not None else None,
+                "n_ctx": engine.target.n_ctx, "n_vocab": engine.target.n_vocab,
+                "draft_mode": self.config.draft.mode}
+
+    def retry_after(self) -> str:
+        waiting = self.worker.queued + 1
+        return str(max(1, min(600, math.ceil(self.metrics.mean_generation_seconds() * waiting))))
+
+
+def create_app(engine_or_factory: SpeculativeEngine | Callable[[], SpeculativeEngine],
+               config: ServerConfig) -> Starlette:
+    """The server app. A factory is called on the engine thread at startup (``/health`` says
+    ``loading`` meanwhile) and its engine is closed at shutdown; a given engine is not closed."""
+    config.validate()
+    state = ServerState(EngineWorker(engine_or_factory, config.queue_size), config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        state.worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.worker.close)
+
+    routes = [
+        Route("/health", _endpoint(_health, auth=False), methods=["GET"]),
+        Route("/metrics", _endpoint(_metrics), methods=["GET"]),
+        Route("/v1/models", _endpoint(_models), methods=["GET"]),
+        Route("/v1/chat/completions", _endpoint(_chat), methods=["POST"]),
+        Route("/v1/completions", _endpoint(_completions), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
+    app.state.localspec = state
+    return app
+
+
+# -- plumbing ----------------------------------------------------------------------------------
+Handler = Callable[[Request, ServerState], Any]
+
+
+def _endpoint(fn: Handler, auth: bool = True) -> Callable[[Request], Any]:
+    """Wrap a handler: API key check, and ApiError to an OpenAI error body (counted)."""
+    async def handler(request: Request) -> Response:
+        state: ServerState = request.app.state.localspec
+        try:
+            if auth:
+                _authorize(request, state.config)
+            response: Response = await fn(request, state)
+            return response
+        except ApiError as err:
+            state.metrics.error(err.status)
+            return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    return handler
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    # Unknown paths and wrong methods answer in OpenAI's shape too.
+    return JSONResponse(error_body(str(exc.detail), "invalid_request_error"),
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+def _authorize(request: Request, config: ServerConfig) -> None:
+    if config.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             config.api_key.encode()):
+        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} "
+                            "bytes (--max-body-bytes)", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _DRAIN_CAP:
+        raise too_big
+    size, parts = 0, []
+    async for part in request.stream():
+        size += len(part)
+        if size > _DRAIN_CAP:
+            raise too_big
+        if size <= limit:
+            parts.append(part)
+    if size > limit:
+        raise too_big
+    try:
+        return json.loads(b"".join(parts))
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc})") from exc
+
+
+async def _on_engine(state: ServerState, fn: Callable[[], T]) -> T:
+    """Run a short function on the engine thread; engine errors become 4xx/5xx bodies."""
+    try:
+        fut = state.worker.call(fn)
+    except EngineUnavailableError as exc:
+        raise _unavailable(state, exc) from exc
+    try:
+        return await asyncio.wrap_future(fut)
+    except EngineUnavailableError as exc:
+        raise _unavailable(state, exc) from exc
+
+
+def _unavailable(state: ServerState, exc: EngineUnavailableError) -> ApiError:
+    return ApiError(503, exc.message, type="server_error", code="unavailable",
+                    headers={"Retry-After": state.retry_after()})
+
+
+def _failure(error: BaseException) -> ApiError:
+    """An exception raised by the engine during a generation, as the client will see it."""
+    if isinstance(error, ContextOverflowError):
+        return ApiError(400, error.message, code="context_length_exceeded")
+    if isinstance(error, ValueError):
+        return ApiError(400, str(error))
+    if isinstance(error, LocalspecError):
+        return ApiError(500, error.message, type="server_error")
+    log.error("generation failed: %r", error)
+    return ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
+
+
+class _Events:
+    """The events of one job, moved from the engine thread onto the event loop."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[JobEvent] = asyncio.Queue()
+        self._metrics = metrics
+
+    def sink(self, event: JobEvent) -> None:  # on the engine thread
+        self.loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event: JobEvent) -> None:
+        # Counted here, not by the reader: a disconnected client's generation still counts.
+        if isinstance(event, Finished):
+            self._metrics.observe(event)
+        self.queue.put_nowait(event)
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client goes away, freeing the engine for the next request."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            if not job.cancel.is_set():
+                log.info("client disconnected; cancelling its generation")
+            job.cancel.set()
+            return
+
+
+# -- routes ------------------------------------------------------------------------------------
+async def _health(request: Request, state: ServerState) -> Response:
+    worker = state.worker
+    if worker.state == "ready":
+        return JSONResponse({"status": "ok", "model": state.config.model_id,
+                             "queue_waiting": worker.queued, "busy": worker.busy})
+    if worker.state == "failed":
+        return JSONResponse({"status": "error", "error": str(worker.load_error)},
+                            status_code=500)
+    return JSONResponse({"status": worker.state}, status_code=503,
+                        headers={"Retry-After": "1"})
+
+
+async def _metrics(request: Request, state: ServerState) -> Response:
+    waiting, busy = state.worker.queued, state.worker.busy
+    if request.query_params.get("format") == "json" \
+            or "application/json" in request.headers.get("accept", ""):
+        return JSONResponse(state.metrics.to_json(waiting, busy))
+    return PlainTextResponse(state.metrics.to_prometheus(waiting, busy),
+                             media_type="text/plain; version=0.0.4")
+
+
+async def _models(request: Request, state: ServerState) -> Response:
+    names = state.model_names()
+    return JSONResponse(models_list(names[0], names[1:], state.config.owned_by, state.created,
+                                    state.model_meta()))
+
+
+async def _chat(request: Request, state: ServerState) -> Response:
+    return await _generate(request, state, "chat")
+
+
+async def _completions(request: Request, state: ServerState) -> Response:
+    return await _generate(request, state, "completion")
+
+
+async def _generate(request: Request, state: ServerState, kind: Kind) -> Response:
+    state.metrics.request(kind)
+    parsed = parse_request(await _read_json(request, state.config.max_body_bytes), kind,
+                           state.config)
+    model = _check_model(parsed.model, state)
+    engine = state.worker.engine
+    if engine is None or state.worker.state != "ready":
+        raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
+    tokens = await _on_engine(state, lambda: _tokenize(engine, parsed))
+    gen = generation_request(parsed, tokens, engine.target.n_ctx, state.config)
+    events = _Events(state.metrics)
+    try:
+        job = state.worker.submit(gen, events.sink)
+    except QueueFullError as exc:
+        raise ApiError(429, exc.message, type="rate_limit_error", code="queue_full",
+                       headers={"Retry-After": state.retry_after()}) from exc
+    except EngineUnavailableError as exc:
+        raise _unavailable(state, exc) from exc
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    rid = new_id(kind)
+    if parsed.stream:
+        return StreamingResponse(_stream(state, parsed, rid, model, job, events, watcher),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+    try:
+        done = await _collect(state, events)
+    finally:
+        watcher.cancel()
+        job.cancel.set()  # no-op when finished; stops the engine if this handler is cancelled
+    return JSONResponse(full_response(kind, rid, model, done))
+
+
+def _check_model(name: str | None, state: ServerState) -> str:
+    names = state.model_names()
+    if name is None:
+        return names[0]
+    if name in names:
+        return name
+    raise ApiError(404, f"the model '{name}' does not exist; this server serves "
+                        f"'{names[0]}' (also known as: {', '.join(names[1:]) or 'nothing else'})",
+                   param="model", code="model_not_found")
+
+
+def _tokenize(engine: SpeculativeEngine, parsed: ParsedRequest) -> tuple[int, ...]:
+    """On the engine thread: the prompt's tokens."""
+    if parsed.messages is not None:
+        return engine.tokenize(engine.chat_prompt(parsed.messages), chat=True)
+    if parsed.prompt is not None:
+        return engine.tokenize(parsed.prompt, chat=False)
+    assert parsed.prompt_tokens is not None
+    bad = [t for t in parsed.prompt_tokens if not 0 <= t < engine.target.n_vocab]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "
+                            f"(0..{engine.target.n_vocab - 1})", param="prompt")
+    return parsed.prompt_tokens
+
+
+async def _collect(state: ServerState, events: _Events) -> Finished:
+    while True:
+        event = await events.queue.get()
+        if isinstance(event, Finished):
+            if event.finish_reason == "cancelled":
+                raise ApiError(503, "the generation was cancelled (server shutting down)",
+                               type="server_error", code="cancelled")
+            return event
+        if isinstance(event, JobFailed):
+            raise _failure(event.error)
+
+
+async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: str, job: Job,
+                  events: _Events, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+    kind = parsed.kind
+    try:
+        if kind == "chat":
+            yield sse(chunk(kind, rid, model, "", first=True))
+        while True:
+            event = await events.queue.get()
+            if isinstance(event, TextChunk):
+                yield sse(chunk(kind, rid, model, event.text))
+            elif isinstance(event, Finished):
+                if event.finish_reason == "cancelled":
+                    yield sse(error_body("the generation was cancelled", "server_error",
+                                         code="cancelled"))
+                else:
+                    yield sse(chunk(kind, rid, model, done=event))
+                    if parsed.include_usage:
+                        yield sse(usage_chunk(kind, rid, model, event))
+                break
+            else:
+                err = _failure(event.error)
+                state.metrics.error(err.status)
+                yield sse(err.body())
+                break
+        yield sse("[DONE]")
+    finally:
+        # Reached also when the client disconnects (the response task is cancelled).
+        job.cancel.set()
+        watcher.cancel()

@@ -1,0 +1,41 @@
+"""Server settings: what the CLI decides once and passes down (no starlette import here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine.decoder import DraftSettings
+from ..engine.sampling import SamplingParams
+
+# OpenAI's defaults for the OpenAI fields (temperature 1, top_p 1), llama.cpp's for the fields
+# OpenAI does not have (top_k 40, min_p 0.05), so an unchanged OpenAI client samples as it expects.
+OPENAI_DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How the server answers.
+
+    ``model_id`` is the name listed by ``/v1/models``; ``aliases`` are other names a request may
+    use (the target's GGUF name and file stem are added when the engine is loaded).
+    """
+
+    model_id: str
+    aliases: tuple[str, ...] = ()
+    api_key: str | None = None
+    queue_size: int = 16
+    max_tokens_limit: int = 4096
+    max_body_bytes: int = 1 << 20
+    max_stop_strings: int = 16
+    draft: DraftSettings = DraftSettings()
+    default_sampling: SamplingParams = field(default=OPENAI_DEFAULT_SAMPLING)
+    owned_by: str = "localspec"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first unusable setting."""
+        if self.queue_size < 0:
+            raise ValueError("queue size must be >= 0")
+        if self.max_tokens_limit < 1:
+            raise ValueError("max tokens limit must be >= 1")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max body bytes must be >= 1024")

@@ -1,0 +1,418 @@
+"""The OpenAI wire format: request validation into engine terms, responses, error bodies.
+
+Pure functions over dicts; nothing here touches HTTP or the engine, so it is tested directly.
+A parameter that would change the answer and that localspec cannot honour is a 400 naming it,
+never silently dropped: a client must not believe it got ``logprobs`` or ``n=3`` when it did not.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from ..engine.decoder import Finished, GenerationRequest
+from ..engine.sampling import SamplingParams
+from ..engine.stats import GenerationStats
+from .config import ServerConfig
+
+Kind = Literal["chat", "completion"]
+
+# Fields read by every generating endpoint.
+_COMMON = {
+    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options",
+    "frequency_penalty", "presence_penalty", "n", "logprobs", "logit_bias", "user",
+    # llama.cpp-style extensions (llama-server and vLLM accept the same names)
+    "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
+    # accepted and ignored: they do not change the generated text
+    "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+}
+_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+              "modalities", "parallel_tool_calls"}
+_COMPLETION_ONLY = {"prompt", "echo", "best_of", "suffix"}
+_ROLES = {"system", "developer", "user", "assistant"}
+
+
+class ApiError(Exception):
+    """An error answered as an OpenAI error body with an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, which its clients parse into the exception message."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_param(param: str, message: str, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, why: str = "") -> ApiError:
+    detail = f": {why}" if why else ""
+    return ApiError(400, f"localspec does not support the parameter '{param}'{detail}",
+                    param=param, code="unsupported_parameter")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated request, before tokenization.
+
+    Exactly one of ``messages``, ``prompt`` and ``prompt_tokens`` is set.
+    """
+
+    kind: Kind
+    model: str | None
+    messages: tuple[dict[str, str], ...] | None
+    prompt: str | None
+    prompt_tokens: tuple[int, ...] | None
+    max_tokens: int | None  # None: as many as the context holds, up to the server's limit
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+# -- request validation ------------------------------------------------------------------------
+def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
+    """Validate a decoded JSON body for /v1/chat/completions or /v1/completions."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    allowed = _COMMON | (_CHAT_ONLY if kind == "chat" else _COMPLETION_ONLY)
+    for key in body:
+        if key not in allowed:
+            raise unsupported(key)
+    _reject_unsupported_values(body, kind)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_param("model", "'model' must be a string")
+    messages = prompt = prompt_tokens = None
+    if kind == "chat":
+        messages = _messages(body.get("messages"))
+    else:
+        prompt, prompt_tokens = _prompt(body.get("prompt"))
+    stream = _bool(body, "stream", False)
+    include_usage = _stream_options(body.get("stream_options"), stream)
+    return ParsedRequest(kind=kind, model=model, messages=messages, prompt=prompt,
+                         prompt_tokens=prompt_tokens, max_tokens=_max_tokens(body, config),
+                         sampling=_sampling(body, config.default_sampling),
+                         stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
+                         include_usage=include_usage)
+
+
+def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
+    """Fields that are accepted only at the value that means 'not used'."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise unsupported("n", "only n=1 (one choice per request) is served")
+    if kind == "completion" and body.get("best_of") not in (None, 1):
+        raise unsupported("best_of", "only best_of=1 is served")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise unsupported("logprobs" if "logprobs" in body else "top_logprobs")
+    if body.get("logit_bias"):
+        raise unsupported("logit_bias")
+    if body.get("echo"):
+        raise unsupported("echo")
+    if body.get("suffix"):
+        raise unsupported("suffix")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise unsupported("response_format", "only {'type': 'text'}")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise unsupported("modalities", "only ['text']")
+    if body.get("store"):
+        raise unsupported("store", "completions are not stored")
+
+
+def _messages(value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise bad_param("messages", "'messages' must be a non-empty list", "missing_required"
+                        if value is None else "invalid_value")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise bad_param(where, f"'{where}' must be an object")
+        role = msg.get("role")
+        if role not in _ROLES:
+            if role in ("tool", "function"):
+                raise unsupported(f"{where}.role", "tool calls are not supported")
+            raise bad_param(f"{where}.role",
+                            f"'{where}.role' must be one of {', '.join(sorted(_ROLES))}")
+        for key in msg:
+            if key not in ("role", "content", "name"):
+                raise unsupported(f"{where}.{key}")
+        # 'developer' is OpenAI's newer name for 'system'; chat templates know only the latter.
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(msg.get("content"), where)})
+    return tuple(out)
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise unsupported(f"{where}.content[{j}]", "only text content parts")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_param(f"{where}.content", f"'{where}.content' must be a string or text parts")
+
+
+def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, list) and value:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return None, tuple(value)
+        if len(value) == 1 and isinstance(value[0], str):
+            return value[0], None
+        if len(value) == 1 and isinstance(value[0], list):
+            return _prompt(value[0])
+        raise unsupported("prompt", "one prompt per request (a string or a list of token ids)")
+    raise bad_param("prompt", "'prompt' must be a string or a list of token ids",
+                    "missing_required" if value is None else "invalid_value")
+
+
+def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_param(key, f"'{key}' must be true or false")
+    return value
+
+
+def _stream_options(value: Any, stream: bool) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        raise bad_param("stream_options", "'stream_options' must be an object")
+    for key in value:
+        if key != "include_usage":
+            raise unsupported(f"stream_options.{key}")
+    if not stream:
+        raise bad_param("stream_options", "'stream_options' is only allowed with stream=true")
+    return _bool(value, "include_usage", False)
+
+
+def _number(body: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_param(key, f"'{key}' must be a number")
+    low_ok = lo is None or (value > lo if lo_open else value >= lo)
+    if not low_ok or (hi is not None and value > hi):
+        lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
+        hi_s = "" if hi is None else f"<= {hi}"
+        rng = " and ".join(s for s in (lo_s, hi_s) if s)
+        raise bad_param(key, f"'{key}' must be {rng}, got {value}")
+    return float(value)
+
+
+def _integer(body: dict[str, Any], key: str, lo: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_param(key, f"'{key}' must be an integer")
+    if lo is not None and value < lo:
+        raise bad_param(key, f"'{key}' must be >= {lo}, got {value}")
+    return value
+
+
+def _max_tokens(body: dict[str, Any], config: ServerConfig) -> int | None:
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    value = _integer(body, key, lo=1)
+    if value is not None and value > config.max_tokens_limit:
+        raise bad_param(key, f"'{key}' is {value} but this server allows at most "
+                             f"{config.max_tokens_limit} (--max-tokens-limit)")
+    return value
+
+
+def _sampling(body: dict[str, Any], base: SamplingParams) -> SamplingParams:
+    changes: dict[str, Any] = {}
+    for key, lo, hi, lo_open in (("temperature", 0.0, 2.0, False), ("top_p", 0.0, 1.0, True),
+                                 ("frequency_penalty", -2.0, 2.0, False),
+                                 ("presence_penalty", -2.0, 2.0, False),
+                                 ("min_p", 0.0, 1.0, False)):
+        value = _number(body, key, lo, hi, lo_open)
+        if value is not None:
+            changes[key] = value
+    if changes.get("min_p") == 1.0:
+        raise bad_param("min_p", "'min_p' must be < 1")
+    for key in ("repeat_penalty", "repetition_penalty"):  # llama.cpp's and vLLM's names
+        value = _number(body, key, 0.0, None, lo_open=True)
+        if value is not None:
+            if "repeat_penalty" in changes and changes["repeat_penalty"] != value:
+                raise bad_param(key, "'repeat_penalty' and 'repetition_penalty' disagree")
+            changes["repeat_penalty"] = value
+    for key in ("top_k", "repeat_last_n"):
+        value = _integer(body, key)
+        if value is not None:
+            # -1 is vLLM's and llama.cpp's "disabled" for top_k; ours is 0.
+            changes[key] = 0 if key == "top_k" and value == -1 else value
+            if changes[key] < 0:
+                raise bad_param(key, f"'{key}' must be >= 0 (or -1 for top_k)")
+    seed = _integer(body, "seed")
+    if seed is not None:
+        changes["seed"] = seed & 0xFFFF_FFFF_FFFF_FFFF  # numpy seeds must be non-negative
+    params = replace(base, **changes)
+    try:
+        params.validate()
+    except ValueError as exc:  # the engine's own range checks name the setting first
+        raise bad_param(str(exc).split()[0], str(exc)) from exc
+    return params
+
+
+def _stop(value: Any, limit: int) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_param("stop", "'stop' must be a string or a list of strings")
+    if len(stops) > limit:
+        raise bad_param("stop", f"at most {limit} stop strings, got {len(stops)}")
+    return tuple(s for s in stops if s)
+
+
+# -- responses ---------------------------------------------------------------------------------
+def new_id(kind: Kind) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(stats: GenerationStats) -> dict[str, int]:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+
+
+def timings(stats: GenerationStats) -> dict[str, Any]:
+    """llama-server's ``timings`` names for the same quantities, plus localspec's own."""
+    predicted_s = max(stats.total_seconds - stats.ttft_seconds, 0.0)
+    return {
+        "prompt_n": stats.prompt_tokens,
+        "prompt_ms": round(stats.prefill_seconds * 1000, 3),
+        "prompt_per_second": round(stats.prompt_tokens / stats.prefill_seconds, 3)
+        if stats.prefill_seconds > 0 else 0.0,
+        "predicted_n": stats.completion_tokens,
+        "predicted_ms": round(predicted_s * 1000, 3),
+        "predicted_per_second": round(stats.decode_tokens_per_second, 3),
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "mean_accepted_length": round(stats.mean_accepted_length, 3),
+        "draft_rounds": stats.draft_rounds,
+        "target_passes": stats.target_passes,
+        "ttft_ms": round(stats.ttft_seconds * 1000, 3),
+        "total_ms": round(stats.total_seconds * 1000, 3),
+        "tokens_per_second": round(stats.tokens_per_second, 3),
+    }
+
+
+def finish_reason(done: Finished) -> str:
+    # "cancelled" is localspec's; OpenAI clients know only stop and length.
+    return "length" if done.finish_reason == "length" else "stop"
+
+
+def full_response(kind: Kind, rid: str, model: str, done: Finished) -> dict[str, Any]:
+    """A non-streamed chat.completion or text_completion."""
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(done),
+                                  "logprobs": None,
+                                  "message": {"role": "assistant", "content": done.text}}
+    else:
+        choice = {"index": 0, "text": done.text, "finish_reason": finish_reason(done),
+                  "logprobs": None}
+    return {**_envelope(kind, rid, model, chunk=False), "choices": [choice],
+            "usage": usage(done.stats), "timings": timings(done.stats)}
+
+
+def chunk(kind: Kind, rid: str, model: str, text: str | None = None, *, first: bool = False,
+          done: Finished | None = None) -> dict[str, Any]:
+    """One streamed chunk: the role (chat, first), a text delta, or the finish with timings."""
+    reason = finish_reason(done) if done is not None else None
+    if kind == "chat":
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason,
+                                  "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+    out = {**_envelope(kind, rid, model, chunk=True), "choices": [choice]}
+    if done is not None:
+        out["timings"] = timings(done.stats)
+    return out
+
+
+def usage_chunk(kind: Kind, rid: str, model: str, done: Finished) -> dict[str, Any]:
+    """The extra last chunk of ``stream_options.include_usage``: no choices, only usage."""
+    return {**_envelope(kind, rid, model, chunk=True), "choices": [],
+            "usage": usage(done.stats)}
+
+
+def _envelope(kind: Kind, rid: str, model: str, chunk: bool) -> dict[str, Any]:
+    obj = {"chat": ("chat.completion", "chat.completion.chunk"),
+           "completion": ("text_completion", "text_completion")}[kind][chunk]
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "system_fingerprint": "localspec"}
+
+
+def models_list(model_id: str, aliases: Sequence[str], owned_by: str, created: int,
+                meta: Mapping[str, Any]) -> dict[str, Any]:
+    """``/v1/models``: one model (the pair), with the other names it answers to."""
+    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
+                                        "owned_by": owned_by, "aliases": list(aliases),
+                                        "meta": dict(meta)}]}
+
+
+def sse(payload: Mapping[str, Any] | str) -> bytes:
+    """One server-sent event line pair."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def generation_request(parsed: ParsedRequest, tokens: tuple[int, ...], n_ctx: int,
+                       config: ServerConfig) -> GenerationRequest:
+    """The engine request, once the prompt is tokenized; checks the context window."""
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    n = len(tokens)
+    if n == 0:
+        raise bad_param(param, "the prompt is empty")
+    if n >= n_ctx:
+        raise ApiError(400, f"this model's maximum context length is {n_ctx} tokens, but the "
+                            f"prompt has {n} tokens; shorten it (or restart the server with a "
+                            "larger --ctx)", param=param, code="context_length_exceeded")
+    if parsed.max_tokens is not None and n + parsed.max_tokens > n_ctx:
+        raise ApiError(400, f"this model's maximum context length is {n_ctx} tokens, but "
+                            f"{n + parsed.max_tokens} were requested ({n} in the prompt, "
+                            f"{parsed.max_tokens} for the completion); lower max_tokens",
+                       param="max_tokens", code="context_length_exceeded")
+    max_tokens = parsed.max_tokens or min(config.max_tokens_limit, n_ctx - n)
+    return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens,
+                             sampling=parsed.sampling, stop=parsed.stop, draft=config.draft)

@@ -1,0 +1,125 @@
+"""The CLI over the engine: run, bench, demo, inspect; bad input is one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localspec.cli import main
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True,
+                          text=True, input=stdin, timeout=120)
+
+
+def test_run_streams_text_and_stats(target_gguf: Path, draft_gguf: Path) -> None:
+    proc = _cli("run", "--target", str(target_gguf), "--draft", str(draft_gguf), "-n", "30",
+                "--verbose", "--ctx", "512", "hello model")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert "30 tokens in" in proc.stderr and "accepted" in proc.stderr
+    assert "llama_" not in proc.stderr  # llama.cpp's own logging stays out
+
+
+def test_run_json_matches_plain_decoding(target_gguf: Path, draft_gguf: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["run", "--target", str(target_gguf), "--ctx", "512", "-n", "25", "--json",
+            "--raw", "import data from the list"]
+    assert main([*base, "--draft", str(draft_gguf), "-k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*base, "--draft-mode", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert spec["text"] == plain["text"]
+    assert spec["stats"]["completion_tokens"] == 25
+    assert spec["stats"]["drafted"] > 0 and plain["stats"]["drafted"] == 0
+
+
+def test_run_prompt_from_stdin(target_gguf: Path) -> None:
+    proc = _cli("run", "--target", str(target_gguf), "--draft-mode", "lookup", "-n", "5",
+                "--ctx", "256", "--json", stdin="a prompt on stdin")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["stats"]["prompt_tokens"] > 3
+
+
+def test_bench_json_has_speedup_and_identity(target_gguf: Path, draft_gguf: Path,
+                                             tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    pf = tmp_path / "p.txt"
+    pf.write_text("print the value of the list\nand return it")
+    assert main(["bench", "--target", str(target_gguf), "--draft", str(draft_gguf), "--ctx",
+                 "512", "-n", "40", "--prompt", "the model", "--prompt-file", str(pf),
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert isinstance(result["speedup"], float) and result["speedup"] > 0
+    assert result["all_identical"] is True
+    assert [p["name"] for p in result["prompts"]] == ["prompt1", str(pf)]
+    for p in result["prompts"]:
+        assert p["identical"] and p["tokens"] == 40
+        assert p["plain_tokens_per_second"] > 0 and p["spec_tokens_per_second"] > 0
+
+
+def test_bench_builtin_prompt_kinds(target_gguf: Path, draft_gguf: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--target", str(target_gguf), "--draft", str(draft_gguf), "--ctx",
+                 "1024", "-n", "8", "--kind", "edit"]) == 0
+    out = capsys.readouterr().out
+    assert "typehints" in out and "rename" in out and "fib" not in out
+    assert "identical output: yes" in out
+
+
+def test_demo_builds_once_and_reports(capsys: pytest.CaptureFixture[str],
+                                      isolated_home: Path) -> None:
+    assert main(["demo", "--json", "-n", "60"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["identical"] is True
+    assert result["speculative"]["drafted"] > 0
+    built = sorted(p.name for p in (isolated_home / "cache" / "demo-models").iterdir())
+    assert built == ["demo-draft.gguf", "demo-target.gguf"]
+    mtime = (isolated_home / "cache" / "demo-models" / "demo-target.gguf").stat().st_mtime
+    assert main(["demo", "-n", "10"]) == 0
+    assert "noise" in capsys.readouterr().out
+    assert (isolated_home / "cache" / "demo-models" / "demo-target.gguf").stat().st_mtime == mtime
+
+
+def test_inspect_json_and_pair_check(target_gguf: Path, draft_gguf: Path,
+                                     other_vocab_gguf: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(target_gguf), "--json", "--draft", str(draft_gguf)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["vocab_size"] == 332 and info["pair"]["compatible"] is True
+    assert main(["inspect", str(target_gguf), "--draft", str(other_vocab_gguf)]) == 1
+    assert "NOT compatible: token 259 differs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["missing", "text", "truncated", "incompatible", "k", "ctx"])
+def test_bad_input_is_one_line_without_traceback(case: str, tmp_path: Path, target_gguf: Path,
+                                                 draft_gguf: Path,
+                                                 other_vocab_gguf: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    args = ["run", "--target", str(target_gguf), "--draft", str(draft_gguf), "hi"]
+    if case == "missing":
+        args[2] = str(tmp_path / "nope.gguf")
+    elif case == "text":
+        bad.write_text("not a model")
+        args[4] = str(bad)
+    elif case == "truncated":
+        bad.write_bytes(target_gguf.read_bytes()[:200_000])
+        args[2] = str(bad)
+    elif case == "incompatible":
+        args[4] = str(other_vocab_gguf)
+    elif case == "k":
+        args += ["-k", "lots"]
+    elif case == "ctx":
+        args[5] = "the model " * 300
+        args += ["--ctx", "256"]
+    proc = _cli(*args)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 or case == "k", proc.stderr  # argparse prints usage + one error
+    assert "error" in lines[-1]

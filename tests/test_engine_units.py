@@ -1,0 +1,124 @@
+"""Unit tests of the parts of the engine that need no model: text, sampling, drafting policy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.engine.controller import AcceptanceModel, CostModel, DraftController
+from localspec.engine.drafters import PromptLookupDrafter, Proposal
+from localspec.engine.sampling import SamplingParams, distribution, residual
+from localspec.engine.text import TextAssembler
+
+
+def test_stop_string_split_across_tokens_is_held_back() -> None:
+    asm = TextAssembler(stop=("END",))
+    out = asm.feed(b"hello E", False)
+    assert "".join(c.text for c in out) == "hello "  # "E" could start END: held
+    out = asm.feed(b"N", True)
+    assert out == []
+    out = asm.feed(b"D and more", False)
+    assert out == [] and asm.stopped
+    assert asm.text == "hello "
+
+
+def test_held_text_released_when_not_a_stop() -> None:
+    asm = TextAssembler(stop=("END",))
+    asm.feed(b"x E", False)
+    out = asm.feed(b"X", True)
+    assert "".join(c.text for c in out) == "EX"
+    assert asm.finish() == [] and asm.text == "x EX"
+
+
+def test_utf8_split_across_tokens() -> None:
+    asm = TextAssembler()
+    data = "héllo 🙂".encode()
+    pieces = [data[i:i + 1] for i in range(len(data))]
+    text = "".join(c.text for p in pieces for c in asm.feed(p, False))
+    text += "".join(c.text for c in asm.finish())
+    assert text == "héllo 🙂"
+
+
+def test_drafted_flag_survives_merging() -> None:
+    asm = TextAssembler()
+    a = asm.feed(b"ab", True)
+    b = asm.feed(b"cd", False)
+    assert [(c.text, c.drafted) for c in a + b] == [("ab", True), ("cd", False)]
+
+
+def test_distribution_filters_in_llama_cpp_order() -> None:
+    logits = np.array([4.0, 3.0, 2.0, -5.0, 1.0], dtype=np.float32)
+    p = distribution(logits, [], SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0))
+    assert p[3] == 0 and p[4] == 0 and abs(p.sum() - 1) < 1e-12
+    assert p[0] > p[1] > p[2] > 0
+    # min_p 0.2 keeps tokens with at least 20% of the top token's probability.
+    q = distribution(logits, [], SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2))
+    assert q[0] > 0 and q[1] > 0 and q[2] == 0
+    # repeat penalty lowers a positive logit that was seen recently.
+    r = distribution(logits, [0], SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                                 repeat_penalty=4.0))
+    assert r[0] < r[1]
+
+
+def test_residual_is_normalised_positive_part() -> None:
+    p = np.array([0.5, 0.3, 0.2])
+    q = np.array([0.2, 0.6, 0.2])
+    r = residual(p, q)
+    assert np.allclose(r, [1.0, 0.0, 0.0])
+    assert np.allclose(residual(p, p), p)
+
+
+def test_lookup_proposes_the_continuation_of_the_latest_match() -> None:
+    d = PromptLookupDrafter(ngram_max=3, ngram_min=2)
+    seq = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
+    prop = d.propose(seq, 4)
+    assert prop.tokens == [4, 5, 9, 9]
+    assert d.propose([7, 8], 4).tokens == []
+    # Incremental use on a longer sequence agrees with a fresh drafter.
+    longer = seq + [4, 5, 6, 1, 2]
+    assert d.propose(longer, 3).tokens == PromptLookupDrafter(3, 2).propose(longer, 3).tokens
+
+
+def _controller(t1: float, per_extra: float, draft: float, k_max: int = 8) -> DraftController:
+    costs = CostModel.from_calibration(t1, t1 + per_extra * k_max, k_max + 1, k_max, draft)
+    return DraftController(costs, k_max)
+
+
+def test_compute_bound_target_never_drafts() -> None:
+    # Verifying n tokens costs n single steps (a quantized target on a small CPU).
+    ctl = _controller(t1=0.04, per_extra=0.04, draft=0.01)
+    ctl.model_acc.rate = 0.95
+    assert not ctl.model_worth_trying(room=100)
+
+
+def test_bandwidth_bound_target_drafts_and_stops_on_low_confidence() -> None:
+    # Verifying extra tokens is nearly free (F16 on CPU, any target on a GPU).
+    ctl = _controller(t1=0.09, per_extra=0.006, draft=0.02)
+    ctl.model_acc.rate = 0.8
+    assert ctl.model_worth_trying(room=100)
+    confident = Proposal("model", tokens=[1, 2], confidences=[0.95, 0.95])
+    doubtful = Proposal("model", tokens=[1, 2], confidences=[0.95, 0.05])
+    assert ctl.keep_going(2, confident)
+    assert not ctl.keep_going(2, doubtful)
+    # Trimming drops a trailing token that is unlikely to be accepted.
+    assert ctl.trim(doubtful, 0.04) == 1
+
+
+def test_acceptance_model_learns_from_outcomes() -> None:
+    acc = AcceptanceModel()
+    before = acc.estimate(0.55)
+    for _ in range(50):
+        acc.observe([0.55, 0.55], n_accepted=2)
+    assert acc.estimate(0.55) > before
+    assert acc.rate > 0.9
+    for _ in range(200):
+        acc.relax()
+    assert abs(acc.rate - acc.prior_rate) < 0.05
+
+
+def test_fixed_k_drafts_exactly_k() -> None:
+    costs = CostModel.from_calibration(0.04, 0.36, 9, 8, 0.01)
+    ctl = DraftController(costs, 8, fixed_k=3)
+    p = Proposal("model", tokens=[1, 2], confidences=[0.01, 0.01])
+    assert ctl.model_worth_trying(room=10)
+    assert ctl.keep_going(2, p) and not ctl.keep_going(3, p)
+    assert ctl.trim(p, 1.0) == 2

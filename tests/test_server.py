@@ -1,0 +1,408 @@
+"""The OpenAI-compatible server, live on loopback, driven by the official ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from localspec.engine import GenerationRequest, ModelSettings, SamplingParams, SpeculativeEngine
+from localspec.remote import RemoteEngine, RemoteError, RemoteFinished
+from localspec.server import ServerConfig
+from localspec.server.app import create_app
+from localspec.server.openai_schema import ApiError, parse_request
+from localspec.server.running import BackgroundServer
+
+MODEL = "tiny-pair"
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture(scope="module")
+def engine(target_gguf: Path, draft_gguf: Path) -> Iterator[SpeculativeEngine]:
+    with SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=4096)) as eng:
+        yield eng
+
+
+def _serve(engine: SpeculativeEngine, **config: object) -> BackgroundServer:
+    cfg = ServerConfig(model_id=MODEL, **config)  # type: ignore[arg-type]
+    return BackgroundServer(create_app(engine, cfg)).start()
+
+
+@pytest.fixture(scope="module")
+def server(engine: SpeculativeEngine) -> Iterator[BackgroundServer]:
+    srv = _serve(engine, queue_size=32)  # room for the burst test's 20 clients
+    yield srv
+    srv.stop()
+
+
+def _client(srv: BackgroundServer, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture()
+def client(server: BackgroundServer) -> openai.OpenAI:
+    return _client(server)
+
+
+def _metrics(srv: BackgroundServer, headers: dict[str, str] | None = None) -> dict:
+    return httpx.get(srv.url + "/metrics?format=json", headers=headers).json()
+
+
+def _long_stream(c: openai.OpenAI, prompt: str = "a long story"):  # type: ignore[no-untyped-def]
+    # Sampled text from the tiny pair takes seconds to reach 3500 tokens: long enough to act on.
+    return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                     max_tokens=3500, temperature=1.0, seed=1, stream=True)
+
+
+# -- basics ------------------------------------------------------------------------------------
+def test_models_health_and_names(server: BackgroundServer, client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert "target.gguf" in models[0].model_extra["aliases"]
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    # The target's name works as the model name too.
+    resp = client.completions.create(model="target", prompt="the model", max_tokens=3,
+                                     temperature=0)
+    assert resp.model == "target"
+
+
+def test_chat_matches_in_process_engine(server: BackgroundServer, client: openai.OpenAI,
+                                        engine: SpeculativeEngine) -> None:
+    resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40,
+                                          temperature=0)
+    worker = server._server.config.app.state.localspec.worker  # type: ignore[attr-defined]
+    expected = worker.call(lambda: engine.generate(GenerationRequest(
+        engine.tokenize(engine.chat_prompt(HELLO), chat=True), max_tokens=40,
+        sampling=SamplingParams(temperature=0.0)))).result()
+    choice = resp.choices[0]
+    assert choice.message.content == expected.text
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "length"
+    assert resp.usage.completion_tokens == 40
+    assert resp.usage.prompt_tokens == expected.stats.prompt_tokens
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + 40
+    timings = resp.model_extra["timings"]
+    assert timings["predicted_n"] == 40 and timings["draft_n"] >= timings["draft_n_accepted"]
+    assert 0.0 <= timings["acceptance_rate"] <= 1.0
+    assert timings["draft_n"] > 0  # the draft model did propose
+
+
+def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30,
+                                          temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=30, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finals] == ["length"]
+    assert finals[0].model_extra["timings"]["predicted_n"] == 30
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+
+
+def test_completions_stream_and_not(client: openai.OpenAI) -> None:
+    full = client.completions.create(model=MODEL, prompt="the model", max_tokens=25,
+                                     temperature=0)
+    streamed = list(client.completions.create(model=MODEL, prompt="the model", max_tokens=25,
+                                              temperature=0, stream=True))
+    assert full.object == "text_completion" and full.usage.completion_tokens == 25
+    assert "".join(c.choices[0].text for c in streamed) == full.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "length"
+    # A prompt given as token ids is the same prompt.
+    ids = client.completions.create(model=MODEL, prompt=[1, *range(300, 305)], max_tokens=5,
+                                    temperature=0)
+    assert ids.usage.prompt_tokens == 6
+
+
+def test_stop_strings(client: openai.OpenAI) -> None:
+    free = client.completions.create(model=MODEL, prompt="the model", max_tokens=30,
+                                     temperature=0).choices[0].text
+    stop = free[5:8]
+    cut = free.index(stop)
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.completions.create(model=MODEL, prompt="the model",
+                                                    max_tokens=30, temperature=0, stop=[stop],
+                                                    stream=True))
+            text = "".join(c.choices[0].text for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            choice = client.completions.create(model=MODEL, prompt="the model", max_tokens=30,
+                                               temperature=0, stop=stop).choices[0]
+            text, reason = choice.text, choice.finish_reason
+        assert text == free[:cut]
+        assert reason == "stop"
+
+
+def test_sampling_with_seed_is_reproducible(client: openai.OpenAI) -> None:
+    def once() -> str:
+        return client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=20, temperature=0.9, top_p=0.9, seed=42,
+            frequency_penalty=0.5, extra_body={"top_k": 20, "min_p": 0.01}
+        ).choices[0].message.content or ""
+    assert once() == once()
+
+
+# -- errors ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"temperature": -1}, "temperature"),
+    ({"temperature": 3}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 100000}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"stop": [1, 2]}, "stop"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"mirostat": 2}}, "mirostat"),
+    ({"extra_body": {"top_k": "many"}}, "top_k"),
+])
+def test_bad_parameters_are_400_naming_them(client: openai.OpenAI, kwargs: dict,
+                                            param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=HELLO, **kwargs)
+    assert info.value.status_code == 400
+    assert info.value.body["param"] == param
+    assert param in info.value.body["message"]
+
+
+def test_bad_messages_and_model(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[])
+    assert info.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "tool", "content": "x",
+                                                               "tool_call_id": "1"}])
+    assert "messages[0]" in info.value.body["param"]
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert nf.value.body["code"] == "model_not_found" and MODEL in nf.value.body["message"]
+
+
+def test_context_limit(client: openai.OpenAI) -> None:
+    long_prompt = "the " * 5000
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=5)
+    assert info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="the " * 500, max_tokens=4000)
+    assert info.value.body["param"] == "max_tokens"
+    assert info.value.body["code"] == "context_length_exceeded"
+
+
+def test_raw_http_errors(server: BackgroundServer) -> None:
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + "/v1/chat/completions")
+    assert r.status_code == 405
+
+
+def test_parse_request_maps_onto_the_engine() -> None:
+    cfg = ServerConfig(model_id=MODEL)
+    parsed = parse_request({"model": MODEL, "prompt": "x", "temperature": 0.5, "top_k": -1,
+                            "repetition_penalty": 1.1, "stop": "END", "seed": 3}, "completion",
+                           cfg)
+    assert parsed.sampling.temperature == 0.5 and parsed.sampling.top_k == 0
+    assert parsed.sampling.repeat_penalty == 1.1 and parsed.sampling.seed == 3
+    assert parsed.sampling.top_p == 1.0  # OpenAI's default, not llama.cpp's
+    assert parsed.stop == ("END",) and parsed.max_tokens is None
+    with pytest.raises(ApiError, match="stream_options"):
+        parse_request({"messages": HELLO, "stream_options": {"include_usage": True}}, "chat",
+                      cfg)
+    with pytest.raises(ApiError, match="echo"):
+        parse_request({"prompt": "x", "echo": True}, "completion", cfg)
+
+
+# -- auth and limits ---------------------------------------------------------------------------
+def test_api_key(engine: SpeculativeEngine) -> None:
+    with _serve(engine, api_key="sekrit") as srv:
+        with pytest.raises(openai.AuthenticationError):
+            _client(srv, "wrong").models.list()
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": HELLO})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(srv.url + "/metrics").status_code == 401
+        assert httpx.get(srv.url + "/health").status_code == 200  # probes need no key
+        good = _client(srv, "sekrit")
+        assert good.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3,
+                                            temperature=0).usage.completion_tokens == 3
+
+
+def test_body_limit(engine: SpeculativeEngine) -> None:
+    with _serve(engine, max_body_bytes=4096) as srv:
+        with pytest.raises(openai.APIStatusError) as info:
+            _client(srv).completions.create(model=MODEL, prompt="the " * 20000, max_tokens=2)
+        assert info.value.status_code == 413
+        assert info.value.body["code"] == "request_too_large"
+        assert "4096" in info.value.body["message"]
+        # Chunked upload (no Content-Length) is counted too.
+        r = httpx.post(srv.url + "/v1/completions", content=iter([b" " * 3000] * 3))
+        assert r.status_code == 413
+        ok = _client(srv).completions.create(model=MODEL, prompt="the", max_tokens=2)
+        assert ok.usage.completion_tokens == 2
+
+
+# -- many clients ------------------------------------------------------------------------------
+def test_burst_of_concurrent_clients(server: BackgroundServer, client: openai.OpenAI) -> None:
+    prompts = [f"the {w} model" for w in ("fast", "draft", "local", "code", "data", "token",
+                                          "value", "list", "speed", "test")]
+
+    def ask(prompt: str, stream: bool) -> str:
+        kw = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+              "max_tokens": 24, "temperature": 0}
+        if stream:
+            return "".join(c.choices[0].delta.content or ""
+                           for c in client.chat.completions.create(stream=True, **kw))
+        return client.chat.completions.create(**kw).choices[0].message.content or ""
+
+    expected = {p: ask(p, False) for p in prompts}
+    assert len(set(expected.values())) > 1  # different prompts, different answers
+    results: dict[tuple[str, bool], str] = {}
+    errors: list[BaseException] = []
+
+    def worker(prompt: str, stream: bool) -> None:
+        try:
+            results[(prompt, stream)] = ask(prompt, stream)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(p, s)) for p in prompts for s in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(results) == 2 * len(prompts)
+    for (prompt, _stream), text in results.items():
+        assert text == expected[prompt]
+
+
+def test_disconnect_cancels_generation(server: BackgroundServer,
+                                       client: openai.OpenAI) -> None:
+    before = _metrics(server)
+    stream = _long_stream(client)
+    got = 0
+    for _chunk in stream:
+        got += 1
+        if got == 5:
+            break
+    stream.close()
+    t0 = time.monotonic()
+    # The engine is freed for the next client long before 3500 tokens would be done.
+    resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5,
+                                          temperature=0)
+    assert resp.usage.completion_tokens == 5
+    after = _metrics(server)
+    cancelled = after["requests_finished_total"].get("cancelled", 0) \
+        - before["requests_finished_total"].get("cancelled", 0)
+    assert cancelled == 1
+    generated = after["completion_tokens_total"] - before["completion_tokens_total"]
+    assert generated < 3500
+    assert time.monotonic() - t0 < 10
+
+
+def test_full_queue_answers_429(engine: SpeculativeEngine) -> None:
+    with _serve(engine, queue_size=1) as srv:
+        c = _client(srv)
+        running = _long_stream(c, "one")
+        next(c for c in running if c.choices and c.choices[0].delta.content)  # generating now
+        waiting = _long_stream(c, "two")  # headers come at once: it is queued
+        with pytest.raises(openai.RateLimitError) as info:
+            c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+        assert int(info.value.response.headers["retry-after"]) >= 1
+        assert info.value.body["code"] == "queue_full"
+        assert _metrics(srv)["queue_waiting"] == 1
+        running.close()
+        waiting.close()
+        ok = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+        assert ok.usage.completion_tokens == 2
+
+
+def test_metrics_prometheus(server: BackgroundServer, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    assert "# TYPE localspec_completion_tokens_total counter" in text
+    assert 'localspec_requests_total{endpoint="chat"}' in text
+    data = _metrics(server)
+    assert data["completion_tokens_total"] >= 4
+    assert data["draft_tokens_total"] >= data["draft_tokens_accepted_total"]
+
+
+def test_engine_factory_loads_on_the_worker(target_gguf: Path) -> None:
+    gate = threading.Event()
+
+    def factory() -> SpeculativeEngine:
+        gate.wait(10)
+        return SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256))
+
+    from localspec.engine import DraftSettings
+
+    app = create_app(factory, ServerConfig(model_id="solo", draft=DraftSettings(mode="none")))
+    with BackgroundServer(app) as srv:
+        assert httpx.get(srv.url + "/health").status_code == 503
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 503 and "Retry-After" in r.headers
+        gate.set()
+        app.state.localspec.worker.loaded.wait(10)
+        assert httpx.get(srv.url + "/health").json()["status"] == "ok"
+        out = _client(srv).completions.create(model="solo", prompt="the", max_tokens=3)
+        assert out.usage.completion_tokens == 3
+
+
+# -- the remote client -------------------------------------------------------------------------
+def test_remote_engine_streams_like_the_engine(server: BackgroundServer,
+                                               client: openai.OpenAI) -> None:
+    expected = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
+                                              temperature=0).choices[0].message.content
+    with RemoteEngine(server.url) as remote:
+        assert remote.list_models() == [MODEL]
+        events = list(remote.stream_chat(HELLO, max_tokens=20,
+                                         sampling=SamplingParams(temperature=0.0)))
+    done = events[-1]
+    assert isinstance(done, RemoteFinished)
+    assert "".join(e.text for e in events[:-1]) == done.text == expected
+    assert done.finish_reason == "length"
+    assert done.stats.completion_tokens == 20 and done.stats.drafted >= done.stats.accepted
+    assert done.timings is not None and done.stats.total_seconds > 0
+
+
+def test_remote_engine_errors_and_cancel(server: BackgroundServer) -> None:
+    with RemoteEngine(server.url + "/v1", model="nope") as remote:
+        with pytest.raises(RemoteError, match="does not exist"):
+            list(remote.stream_completion("the", max_tokens=2))
+    with RemoteEngine("http://127.0.0.1:9") as remote:
+        with pytest.raises(RemoteError, match="cannot reach"):
+            remote.list_models()
+    cancel = threading.Event()
+    with RemoteEngine(server.url) as remote:
+        events = []
+        for event in remote.stream_chat(HELLO, max_tokens=3500,
+                                        sampling=SamplingParams(temperature=1.0, seed=3),
+                                        cancel=cancel):
+            events.append(event)
+            if len(events) == 3:
+                cancel.set()
+    done = events[-1]
+    assert isinstance(done, RemoteFinished) and done.finish_reason == "cancelled"
+    assert len(events) == 4  # nothing more was read once cancelled
+
+
+def test_sse_wire_format(server: BackgroundServer) -> None:
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"prompt": "the", "max_tokens": 3, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert all(ln.startswith("data: ") for ln in lines)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
