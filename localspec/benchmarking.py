@@ -163,3 +163,52 @@ def summarize(results: list[PromptResult], cfg: BenchConfig) -> dict[str, Any]:
         "k": "auto" if cfg.draft.k is None else cfg.draft.k,
         "prompts": per_prompt,
     }
+
+
+def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> tuple[str, GenerationStats]:
+    from .remote import RemoteFinished
+
+    events = (remote.stream_completion(prompt.text, cfg.max_tokens, cfg.sampling) if cfg.raw
+              else remote.stream_chat([{"role": "user", "content": prompt.text}],
+                                      cfg.max_tokens, cfg.sampling))
+    for event in events:
+        if isinstance(event, RemoteFinished):
+            return event.text, event.stats
+    raise AssertionError("remote stream ended without a final event")  # pragma: no cover
+
+
+def run_remote_bench(remote: Any, prompts: Sequence[BenchPrompt], cfg: BenchConfig,
+                     baseline: Any | None = None,
+                     on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The same measurement against OpenAI-compatible servers (``RemoteEngine``s): ``remote`` is
+    the speculative deployment, ``baseline`` (optional) the same target without drafting.
+    Without a baseline, the plain columns repeat the remote's own figures and speedup is 1."""
+    results: list[PromptResult] = []
+    if prompts:
+        _remote_run(remote, prompts[0], cfg)  # warm-up, not counted
+    for prompt in prompts:
+        res = PromptResult(prompt)
+        for _ in range(cfg.repeats):
+            text, stats = _remote_run(remote, prompt, cfg)
+            if on_step:
+                on_step(f"{prompt.name}: remote")
+            res.spec.append(stats)
+            if baseline is not None:
+                base_text, base_stats = _remote_run(baseline, prompt, cfg)
+                if on_step:
+                    on_step(f"{prompt.name}: baseline")
+                res.plain.append(base_stats)
+                res.identical &= base_text == text
+            else:
+                res.plain.append(stats)
+        results.append(res)
+    out = summarize(results, cfg)
+    out["remote"] = True
+    out["baseline"] = baseline is not None
+    out["draft_mode"] = out["k"] = "server's"
+    if baseline is None:  # nothing to compare against: no ratio rather than a made-up 1.0
+        out["speedup"] = None
+        for p in out["prompts"]:
+            p["speedup"] = p["decode_speedup"] = None
+            p["identical"] = None
+    return out

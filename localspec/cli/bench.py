@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt; medians are shown")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    r = p.add_argument_group("remote (any OpenAI-compatible server)")
+    r.add_argument("--url", help="benchmark this server instead of loading models here")
+    r.add_argument("--baseline-url",
+                   help="the same target served without drafting, for the speedup column")
+    r.add_argument("--api-key", default=None, help="Bearer key for --url/--baseline-url")
+    r.add_argument("--model", default=None, help="model name to request (default: the first)")
     p.set_defaults(func=run)
 
 
@@ -53,23 +59,23 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..benchmarking import BenchConfig, run_bench
-    from ..engine import DraftSettings, SamplingParams
+    from ..engine import DraftSettings
     from ..errors import LocalspecError
     from ..loading import load_engine
 
     if args.repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
-    spec = engine_spec(args, args.pair)
     prompts = _prompts(args)
     if not prompts:
         raise LocalspecError("no prompts selected")
+    if args.url:
+        return _run_remote(args, prompts)
+    spec = engine_spec(args, args.pair)
     cfg = BenchConfig(
         max_tokens=args.max_tokens, repeats=args.repeats, raw=args.raw,
-        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                                seed=args.seed),
+        sampling=_sampling(args),
         draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
-                            k_max=args.k_max),
+                            k_max=args.k_max, rule=args.accept_rule),
     )
     err = Console(stderr=True)
     with load_engine(spec) as engine, Progress(
@@ -79,32 +85,71 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("bench", total=len(prompts) * args.repeats * 2)
         result = run_bench(engine, prompts, cfg,
                            on_step=lambda d: progress.update(task, advance=1, description=d))
+    _output(result, args)
+    return 0
+
+
+def _sampling(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from ..engine import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def _run_remote(args: argparse.Namespace, prompts) -> int:  # type: ignore[no-untyped-def]
+    from ..benchmarking import BenchConfig, run_remote_bench
+    from ..remote import RemoteEngine
+
+    cfg = BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats, raw=args.raw,
+                      sampling=_sampling(args))
+    with RemoteEngine(args.url, args.api_key, args.model) as remote:
+        baseline = (RemoteEngine(args.baseline_url, args.api_key, args.model)
+                    if args.baseline_url else None)
+        try:
+            result = run_remote_bench(remote, prompts, cfg, baseline)
+        finally:
+            if baseline is not None:
+                baseline.close()
+    _output(result, args)
+    return 0
+
+
+def _output(result: dict, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_table(result)
-    return 0
 
 
 def _print_table(result: dict) -> None:  # type: ignore[type-arg]
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"localspec bench ({result['draft_mode']}, K={result['k']}, "
-                    f"temperature {result['temperature']})")
+    where = "remote" if result.get("remote") else f"{result['draft_mode']}, K={result['k']}"
+    t = Table(title=f"localspec bench ({where}, temperature {result['temperature']})")
     for col in ("prompt", "kind", "tokens", "plain tok/s", "spec tok/s", "speedup",
                 "decode speedup", "acceptance", "mean K", "TTFT plain/spec ms", "identical"):
         t.add_column(col, justify="left" if col in ("prompt", "kind") else "right")
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
+    def yes(x: bool | None) -> str:
+        return "-" if x is None else ("yes" if x else "NO")
+
     for p in result["prompts"]:
         t.add_row(p["name"], p["kind"], str(p["tokens"]), f"{p['plain_tokens_per_second']:.1f}",
-                  f"{p['spec_tokens_per_second']:.1f}", f"{p['speedup']:.2f}x",
-                  f"{p['decode_speedup']:.2f}x", f"{p['acceptance_rate']:.0%}",
+                  f"{p['spec_tokens_per_second']:.1f}", ratio(p["speedup"]),
+                  ratio(p["decode_speedup"]), f"{p['acceptance_rate']:.0%}",
                   f"{p['mean_k']:.2f}",
                   f"{p['plain_ttft_seconds'] * 1000:.0f}/{p['spec_ttft_seconds'] * 1000:.0f}",
-                  "yes" if p["identical"] else "NO")
+                  yes(p["identical"]))
     # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
     Console(width=None if sys.stdout.isatty() else 150).print(t)
+    if result["speedup"] is None:
+        print(f"overall: {result['spec_tokens_per_second']:.1f} tok/s "
+              "(no --baseline-url, so no speedup)")
+        return
     print(f"overall: {result['plain_tokens_per_second']:.1f} -> "
           f"{result['spec_tokens_per_second']:.1f} tok/s, speedup {result['speedup']:.2f}x, "
           f"identical output: {'yes' if result['all_identical'] else 'NO'}")

@@ -56,6 +56,9 @@ def add_draft_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--draft-k", type=_k_value, default=None, metavar="K|auto",
                    help="tokens drafted per step; auto (default) chooses each step")
     g.add_argument("--k-max", type=int, default=12, help="largest K auto may choose (default 12)")
+    g.add_argument("--accept-rule", choices=("rejection", "match"), default="rejection",
+                   help="sampling only: rejection sampling (min(1, p/q), default) or "
+                        "sample-and-match (llama-cpp-python's draft_model rule)")
 
 
 def model_settings(args: argparse.Namespace) -> tuple[ModelSettings, ModelSettings]:

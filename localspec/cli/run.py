@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                                     repeat_penalty=args.repeat_penalty, seed=args.seed),
             stop=tuple(args.stop),
             draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
-                                k_max=args.k_max),
+                                k_max=args.k_max, rule=args.accept_rule),
         )
         return _stream(engine, req, args)
 

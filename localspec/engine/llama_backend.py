@@ -105,7 +105,6 @@ class LlamaRunner:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self._piece_buf = ctypes.create_string_buffer(256)
         self.tokens: list[int] = []
         llama_cpp.llama_memory_clear(self._mem, True)
 
@@ -114,13 +113,15 @@ class LlamaRunner:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
 
     def piece(self, token: int) -> bytes:
-        """The bytes of one token as it continues a text (leading space kept)."""
-        n = self._lib.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+        """The bytes of one token as it continues a text (leading space kept).
+
+        A buffer per call (not per runner) so front ends may detokenize from any thread."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            return bytes(buf.raw[:n])
-        return bytes(self._piece_buf.raw[:n])
+        return bytes(buf.raw[:n])
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))

@@ -1,0 +1,143 @@
+"""The engine benchmark of issue 2, on the real pair from ../shared/models/fetch.sh.
+
+Everything is a ratio measured in one run: the speculative engine vs the same target alone, same
+prompts, same settings, greedy unless said otherwise. Run on an otherwise idle machine:
+
+    ../shared/models/fetch.sh            # once; prints the model paths
+    .venv/bin/python benchmarks/engine_bench.py [--models DIR] [--repeats 3] [--max-tokens 128]
+
+Writes benchmarks/results/engine-<timestamp>.json and prints a Markdown summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+TARGETS = {
+    "F16": "qwen2.5-coder-1.5b-instruct-f16.gguf",
+    "Q8_0": "qwen2.5-coder-1.5b-instruct-q8_0.gguf",
+    "Q4_K_M": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+}
+CLI = [sys.executable, "-m", "localspec"]
+
+
+def _bench(target: Path, draft: Path, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    cmd = [*CLI, "bench", "--target", str(target), "--draft", str(draft), "--json",
+           "--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens),
+           "--ctx", "4096", *extra]
+    print("$", " ".join(cmd[2:]), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def _peak_rss_mb(cmd: list[str]) -> float:
+    """Peak resident memory of a child process (ru_maxrss, KiB on Linux)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"memory probe failed: {' '.join(cmd)}")
+    return usage.ru_maxrss / 1024
+
+
+def _memory(target: Path, draft: Path) -> dict[str, float]:
+    prompt = "Write a Python function that reverses a linked list."
+    run = [*CLI, "run", "--ctx", "4096", "-n", "48", prompt]
+    return {
+        "target_alone_mb": _peak_rss_mb([*run, "--target", str(target), "--draft-mode", "none"]),
+        "draft_alone_mb": _peak_rss_mb([*run, "--target", str(draft), "--draft-mode", "none"]),
+        "speculative_mb": _peak_rss_mb([*run, "--target", str(target), "--draft", str(draft)]),
+    }
+
+
+def _kind_speedup(result: dict[str, Any], kind: str) -> float:
+    rows = [p for p in result["prompts"] if p["kind"] == kind]
+    plain = sum(p["tokens"] / p["plain_tokens_per_second"] for p in rows)
+    spec = sum(p["tokens"] / p["spec_tokens_per_second"] for p in rows)
+    return plain / spec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=Path(os.environ.get(
+        "LOCALSPEC_BENCH_MODELS", Path.home() / ".cache" / "localspec-bench")))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--only", choices=list(TARGETS), action="append")
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-sampling", action="store_true")
+    args = ap.parse_args()
+    draft = args.models / DRAFT
+    missing = [p for p in [draft, *(args.models / t for t in TARGETS.values())] if not p.exists()]
+    if missing:
+        raise SystemExit(f"missing {missing[0]}: run ../shared/models/fetch.sh first")
+
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                              "repeats": args.repeats, "max_tokens": args.max_tokens,
+                              "greedy": {}}
+    for name, file in TARGETS.items():
+        if args.only and name not in args.only:
+            continue
+        report["greedy"][name] = _bench(args.models / file, draft, args)
+    f16 = args.models / TARGETS["F16"]
+    if not args.skip_sampling:
+        report["sampling"] = {
+            rule: _bench(f16, draft, args, "--kind", "code", "--temperature", "0.8",
+                         "--seed", "7", "--accept-rule", rule)
+            for rule in ("rejection", "match")
+        }
+    if not args.skip_memory:
+        report["memory"] = _memory(f16, draft)
+    out = Path(__file__).parent / "results" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(report, indent=2))
+    print(summary(report))
+    print(f"\nfull results: {out}", file=sys.stderr)
+    return 0
+
+
+def summary(report: dict[str, Any]) -> str:
+    lines = ["| target | kind | plain tok/s | spec tok/s | speedup | decode speedup | acceptance "
+             "| TTFT ratio | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, res in report["greedy"].items():
+        for kind in ("code", "prose", "edit"):
+            rows = [p for p in res["prompts"] if p["kind"] == kind]
+            if not rows:
+                continue
+            tp = sum(p["plain_tokens_per_second"] for p in rows) / len(rows)
+            ts = sum(p["spec_tokens_per_second"] for p in rows) / len(rows)
+            dec = sum(p["decode_speedup"] for p in rows) / len(rows)
+            acc = sum(p["acceptance_rate"] for p in rows) / len(rows)
+            ttft = sum(p["spec_ttft_seconds"] / p["plain_ttft_seconds"] for p in rows) / len(rows)
+            ident = all(p["identical"] for p in rows)
+            lines.append(f"| {name} | {kind} | {tp:.1f} | {ts:.1f} | "
+                         f"{_kind_speedup(res, kind):.2f}x | {dec:.2f}x | {acc:.0%} | "
+                         f"{ttft:.2f} | {'yes' if ident else 'NO'} |")
+        lines.append(f"| {name} | **all** | {res['plain_tokens_per_second']:.1f} | "
+                     f"{res['spec_tokens_per_second']:.1f} | **{res['speedup']:.2f}x** | | | | "
+                     f"{'yes' if res['all_identical'] else 'NO'} |")
+    worst = min(p["speedup"] for r in report["greedy"].values() for p in r["prompts"])
+    lines.append(f"\nworst single prompt: {worst:.2f}x")
+    if "sampling" in report:
+        for rule, res in report["sampling"].items():
+            acc = sum(p["acceptance_rate"] for p in res["prompts"]) / len(res["prompts"])
+            lines.append(f"temperature 0.8, F16, code, {rule}: acceptance {acc:.0%}, "
+                         f"speedup {res['speedup']:.2f}x")
+    if "memory" in report:
+        m = report["memory"]
+        budget = m["target_alone_mb"] + m["draft_alone_mb"] + 100
+        lines.append(f"peak RSS at 4096 context: target alone {m['target_alone_mb']:.0f} MB, "
+                     f"draft alone {m['draft_alone_mb']:.0f} MB, speculative "
+                     f"{m['speculative_mb']:.0f} MB (budget {budget:.0f} MB: "
+                     f"{'ok' if m['speculative_mb'] <= budget else 'OVER'})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
