@@ -10,10 +10,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("demo", help="run the engine on a tiny built-in pair (works offline)",
                        description="Builds (once, cached) a tiny real draft/target GGUF pair, "
                                    "runs the speculative engine and the target alone on it and "
-                                   "prints the statistics. The tiny models' text is noise.")
+                                   "prints the statistics; on a terminal it opens the pair in "
+                                   "the chat app. The tiny models' text is noise.")
     p.add_argument("--max-tokens", "-n", type=int, default=200)
     p.add_argument("--json", action="store_true", help="statistics as JSON")
-    p.add_argument("--tui", action="store_true", help="open the demo pair in the chat app")
+    p.add_argument("--tui", action="store_true", default=None,
+                   help="open the demo pair in the chat app (the default on a terminal)")
+    p.add_argument("--no-tui", dest="tui", action="store_false",
+                   help="print the statistics even on a terminal")
     p.set_defaults(func=run)
 
 
@@ -30,15 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     target, draft = build_demo_pair(demo_models_dir())
     settings = ModelSettings(n_ctx=2048)
-    if args.tui:
-        from ..tui import open_tui
-
-        return int(open_tui(EngineSpec(target=str(target), draft=str(draft),
-                                       target_settings=settings, draft_settings=settings,
-                                       pair_name="demo")))
     with SpeculativeEngine.load(target, draft, settings, settings) as engine:
         prompt = engine.tokenize(DEMO_PROMPT, chat=False)
         results = {}
+        for mode in ("none", "model"):  # warm-up: llama.cpp builds its graphs on first use
+            engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=8,
+                                              draft=DraftSettings(mode=mode)))  # type: ignore[arg-type]
         for label, mode in (("target alone", "none"), ("speculative", "model")):
             engine.target.reset()
             req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens,
@@ -60,4 +61,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"speculative:  {spec.stats.summary()}")
     print(f"identical output: {'yes' if identical else 'NO'}; speedup {speedup:.2f}x")
     print("Next: `localspec pull PAIR` for real models, `localspec list` to see pairs.")
+    if args.tui if args.tui is not None else sys.stdout.isatty():
+        from ..tui import open_tui
+
+        # The statistics above stay in the terminal's scrollback once the app closes.
+        return int(open_tui(EngineSpec(target=str(target), draft=str(draft),
+                                       target_settings=settings, draft_settings=settings,
+                                       pair_name="demo")))
     return 0

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None, queue_size=args.queue_size,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
-                            k_max=args.k_max))
+                            k_max=args.k_max, rule=args.accept_rule))
     config.validate()
     if not _is_loopback(args.host) and not config.api_key:
         print(f"localspec: warning: serving on {args.host} without --api-key: anyone who can "
