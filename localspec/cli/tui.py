@@ -1,0 +1,44 @@
+"""``localspec tui`` (and ``localspec`` alone): the chat app."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import LocalspecError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("tui", help="the chat app (the default with no command)",
+                       description="Chat with a draft/target pair, with live VRAM and token-rate "
+                                   "gauges, a pair picker and a model manager.")
+    p.add_argument("--pair", help="load this catalogue or user pair on start")
+    p.add_argument("--target", metavar="MODEL", help="target model: .gguf path or Ollama name")
+    p.add_argument("--draft", metavar="MODEL", help="draft model: .gguf path or Ollama name")
+    p.add_argument("--url", help="chat with an OpenAI-compatible server instead (e.g. "
+                                 "http://127.0.0.1:8080)")
+    p.add_argument("--api-key", help="bearer token for --url")
+    p.set_defaults(func=run, pair=None, target=None, draft=None, url=None, api_key=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Textual and llama_cpp are imported only here: `localspec --help` stays instant.
+    from ..config import load_settings, model_settings
+    from ..loading import EngineSpec, spec_from_pair
+    from ..tui import open_tui
+
+    if args.url and (args.pair or args.target):
+        raise LocalspecError("give either --url or a pair/--target, not both")
+    spec = None
+    if args.pair or args.target or args.draft:
+        if args.pair and args.target:
+            raise LocalspecError("give either --pair or --target/--draft, not both")
+        if args.draft and not args.target:
+            raise LocalspecError("--draft needs --target")
+        target_settings, draft_settings = model_settings(load_settings())
+        if args.pair:
+            spec = spec_from_pair(args.pair, target_settings, draft_settings)
+        else:
+            spec = EngineSpec(target=args.target, draft=args.draft,
+                              target_settings=target_settings, draft_settings=draft_settings,
+                              draft_mode="model" if args.draft else "lookup")
+    return open_tui(spec, url=args.url, api_key=args.api_key)

@@ -1,0 +1,171 @@
+"""The models a front end can offer: catalogue pairs, local Ollama models, pulls, estimates.
+
+One seam over catalogue.py, ollama_store.py, pull.py and gguf_meta.py so the TUI receives a single
+collaborator (and its tests a single fake). Every method may block (file reads, network): callers
+run them in workers. Imports are deferred so the TUI starts before any of them is needed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .loading import EngineSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PairStatus:
+    """A pair as the picker shows it: presence, size and compatibility, when known."""
+
+    name: str
+    target: str
+    draft: str | None
+    draft_mode: str
+    why: str = ""
+    source: str = "catalogue"
+    present: bool | None = None  # None: not checked yet
+    size: int | None = None  # target + draft bytes, when both are present
+    compatible: bool | None = None
+    problem: str | None = None  # why missing or incompatible
+
+
+@dataclass(frozen=True, slots=True)
+class LocalModel:
+    name: str
+    path: Path
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Weights plus KV cache of a pair against the memory it would load into."""
+
+    weights: int
+    kv_cache: int
+    free: int | None
+    where: str  # "VRAM" or "RAM"
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.free is None else self.total <= self.free
+
+
+class ModelLibrary(Protocol):
+    """What the TUI's pair picker and model manager need. All calls may block."""
+
+    def pairs(self) -> list[PairStatus]: ...
+
+    def check_pair(self, pair: PairStatus) -> PairStatus: ...
+
+    def local_models(self) -> list[LocalModel]: ...
+
+    def pull(self, name: str, progress: Callable[[Any], None],
+             cancel: threading.Event) -> LocalModel: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def inspect(self, ref: str) -> dict[str, Any]: ...
+
+    def suggest_drafts(self, target: str) -> list[str]: ...
+
+    def estimate(self, spec: EngineSpec, free: int | None, where: str) -> MemoryEstimate: ...
+
+
+def kv_cache_bytes(path: Path, n_ctx: int, bytes_per_value: int = 2) -> int:
+    """K and V for every layer at ``n_ctx`` (f16), from the GGUF's attention shape."""
+    # gguf_meta's reader helpers: GGUFInfo does not carry the head counts the KV size needs.
+    from .gguf_meta import _open_reader, _scalar
+
+    reader = _open_reader(path)
+    arch = _scalar(reader, "general.architecture")
+    n_layer = int(_scalar(reader, f"{arch}.block_count") or 0)
+    n_embd = int(_scalar(reader, f"{arch}.embedding_length") or 0)
+    n_head = _scalar(reader, f"{arch}.attention.head_count")
+    n_head_kv = _scalar(reader, f"{arch}.attention.head_count_kv")
+    if isinstance(n_head, (list, tuple)):  # per-layer arrays in some architectures
+        n_head = max(n_head)
+    if isinstance(n_head_kv, (list, tuple)):
+        n_head_kv = max(n_head_kv)
+    ratio = (int(n_head_kv) / int(n_head)) if n_head and n_head_kv else 1.0
+    return int(2 * n_layer * n_ctx * n_embd * ratio * bytes_per_value)
+
+
+class DefaultLibrary:
+    """The real thing: the shipped catalogue, the Ollama store, the registry."""
+
+    def __init__(self, registry: str | None = None, insecure: bool = False) -> None:
+        self.registry = registry
+        self.insecure = insecure
+
+    def pairs(self) -> list[PairStatus]:
+        from .catalogue import load_pairs
+
+        return [PairStatus(name=p.name, target=p.target, draft=p.draft,
+                           draft_mode=p.draft_mode or "model", why=p.why, source=p.source)
+                for p in load_pairs().values()]
+
+    def check_pair(self, pair: PairStatus) -> PairStatus:
+        from dataclasses import replace
+
+        from .catalogue import Pair, pair_status
+
+        st = pair_status(Pair(pair.name, pair.target, pair.draft or pair.target,
+                              pair.draft_mode, pair.why))
+        if st.target_path is None or st.draft_path is None:
+            missing = [ref for ref, path in ((pair.target, st.target_path),
+                                             (pair.draft, st.draft_path)) if path is None]
+            return replace(pair, present=False,
+                           problem=f"not in the Ollama store: {', '.join(map(str, missing))}")
+        size = st.target_path.stat().st_size + st.draft_path.stat().st_size
+        return replace(pair, present=True, size=size, compatible=st.compatible,
+                       problem="; ".join(st.problems) or None)
+
+    def local_models(self) -> list[LocalModel]:
+        from .ollama_store import list_local
+
+        return [LocalModel(m.name, Path(m.gguf_path), int(m.size)) for m in list_local()]
+
+    def pull(self, name: str, progress: Callable[[Any], None],
+             cancel: threading.Event) -> LocalModel:
+        from .pull import pull
+
+        m = pull(name, registry=self.registry, insecure=self.insecure, progress=progress,
+                 cancel=cancel)
+        return LocalModel(m.name, Path(m.gguf_path), int(m.size))
+
+    def delete(self, name: str) -> None:
+        from .ollama_store import delete
+
+        delete(name)
+
+    def inspect(self, ref: str) -> dict[str, Any]:
+        from .gguf_meta import read_gguf_info
+        from .loading import resolve_ref
+
+        return read_gguf_info(resolve_ref(ref)).to_json()
+
+    def suggest_drafts(self, target: str) -> list[str]:
+        from .catalogue import suggest_drafts
+
+        return [f"{s.name} — {s.size_ratio:.1f}× smaller, {s.quantization or '?'}"
+                for s in suggest_drafts(target)]
+
+    def estimate(self, spec: EngineSpec, free: int | None, where: str) -> MemoryEstimate:
+        from .loading import resolve_ref
+
+        refs = [spec.target] + ([spec.draft] if spec.draft and spec.draft_mode == "model" else [])
+        weights = kv = 0
+        for i, ref in enumerate(refs):
+            path = resolve_ref(ref)
+            settings = spec.target_settings if i == 0 else (spec.draft_settings
+                                                            or spec.target_settings)
+            weights += path.stat().st_size
+            kv += kv_cache_bytes(path, settings.n_ctx)
+        return MemoryEstimate(weights=weights, kv_cache=kv, free=free, where=where)

@@ -1,0 +1,262 @@
+"""The localspec Textual app: composition of collaborators, screens and workers; no I/O itself.
+
+Everything that touches a model, a file or the network comes in through the constructor (the
+engine factory, the monitor, the chat store, the model library, the settings and how to save
+them), so tests drive the app with the real engine on tiny models and fakes for the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import get_current_worker
+
+from .. import paths
+from ..chat_store import ChatStore
+from ..config import Settings, model_settings
+from ..errors import LocalspecError
+from ..library import ModelLibrary, PairStatus
+from ..loading import EngineSpec
+from ..monitor import MachineSample, Monitor
+from .messages import ModelLoaded, ModelLoadFailed, SampleTaken
+from .screens.chat import ChatScreen
+from .screens.dialogs import ErrorScreen
+from .screens.help import HelpScreen
+
+EngineFactory = Callable[[EngineSpec], Any]
+
+
+def describe_error(error: BaseException) -> tuple[str, str]:
+    """(title, message) for an error shown in the app."""
+    if isinstance(error, LocalspecError):
+        return error.title, error.message
+    if isinstance(error, MemoryError):
+        return "Out of memory", "Not enough memory: try a smaller pair, fewer GPU layers or a " \
+                                "smaller context."
+    if isinstance(error, ValueError):
+        return "Invalid setting", str(error)
+    if isinstance(error, (ConnectionError, OSError)):
+        return "System error", f"{type(error).__name__}: {error}"
+    return "Unexpected error", f"{type(error).__name__}: {error}"
+
+
+class LocalspecApp(App[int]):
+    """Chat with a speculative pair, with the machine's state in view."""
+
+    CSS_PATH = "localspec.tcss"
+    TITLE = "localspec"
+    BINDINGS = [
+        Binding("f1", "help", "Help"),
+        Binding("f2", "pairs", "Pairs"),
+        Binding("f3", "models", "Models"),
+        Binding("f4", "settings", "Settings"),
+        Binding("f5", "chats", "Chats"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, engine_factory: EngineFactory, monitor: Monitor, store: ChatStore,
+                 library: ModelLibrary, settings: Settings, *,
+                 save_settings: Callable[[Settings], Any] | None = None,
+                 spec: EngineSpec | None = None, export_dir: Path | None = None,
+                 sample_interval: float = 0.5) -> None:
+        super().__init__()
+        self.engine_factory = engine_factory
+        self.monitor = monitor
+        self.store = store
+        self.library = library
+        self.settings = settings
+        self._save_settings = save_settings
+        self.initial_spec = spec
+        self.export_dir = export_dir
+        self.sample_interval = sample_interval
+        self.engine: Any = None
+        self.spec: EngineSpec | None = None
+        self.last_sample: MachineSample | None = None
+        self.chat = ChatScreen()
+
+    @property
+    def pair_name(self) -> str | None:
+        return self.spec.display_name if self.spec is not None else None
+
+    def get_default_screen(self) -> Screen[Any]:
+        return self.chat
+
+    def on_mount(self) -> None:
+        # After the first refresh the chat screen is composed, so its gauges can take data.
+        self.call_after_refresh(self._start)
+
+    def _start(self) -> None:
+        self.watch_machine()
+        if self.initial_spec is not None:
+            self.load(self.initial_spec)
+
+    # -- machine gauges -----------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="monitor", exit_on_error=False)
+    def watch_machine(self) -> None:
+        """Sample the machine every ``sample_interval`` seconds until the app exits."""
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            self.post_message(SampleTaken(self.monitor.sample()))
+            worker.cancelled_event.wait(self.sample_interval)
+
+    def on_sample_taken(self, message: SampleTaken) -> None:
+        self.last_sample = message.sample
+        if self.chat.is_mounted and not self._exit:  # samples may still arrive while quitting
+            self.chat.show_sample(message.sample)
+
+    # -- loading ------------------------------------------------------------------------------
+    def spec_for_pair(self, pair: PairStatus) -> EngineSpec:
+        target, draft = model_settings(self.settings)
+        return EngineSpec(target=pair.target, draft=pair.draft, target_settings=target,
+                          draft_settings=draft, pair_name=pair.name, draft_mode=pair.draft_mode)
+
+    def load(self, spec: EngineSpec) -> None:
+        """Load a pair in a worker; the chat keeps working with the old one until it is ready."""
+        self.chat.set_loading(f"loading {spec.display_name}…")
+        self._load(spec)
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _load(self, spec: EngineSpec) -> None:
+        t0 = time.perf_counter()
+        try:
+            engine = self.engine_factory(spec)
+        except Exception as exc:  # shown in the app, never as a traceback
+            self.post_message(ModelLoadFailed(spec, exc))
+            return
+        self.post_message(ModelLoaded(engine, spec, time.perf_counter() - t0))
+
+    def on_model_loaded(self, message: ModelLoaded) -> None:
+        old = self.engine
+        if self.chat.generating:
+            self.chat.action_stop()
+        self.engine, self.spec = message.engine, message.spec
+        self.chat.engine = message.engine
+        self.chat.set_loading(None)
+        self.chat.pair_label = _pair_label(message.spec)
+        self.chat.set_plain_rate(self.store.latest_rate(message.spec.display_name, "plain"))
+        self.sub_title = message.spec.display_name
+        self.notify(f"{message.spec.display_name} loaded in {message.seconds:.1f}s")
+        if old is not None:
+            self._close_engine(old)
+        if message.spec.pair_name and message.spec.pair_name != self.settings.last_pair:
+            from dataclasses import replace
+
+            self.apply_settings(replace(self.settings, last_pair=message.spec.pair_name),
+                                quiet=True)
+
+    def on_model_load_failed(self, message: ModelLoadFailed) -> None:
+        self.chat.set_loading(None)
+        self.chat.pair_label = (_pair_label(self.spec) if self.spec is not None
+                                else "no pair loaded — F2 to pick one")
+        self.show_error(message.error)
+
+    @work(thread=True, group="close", exit_on_error=False)
+    def _close_engine(self, engine: Any) -> None:
+        # A cancelled generation leaves the engine within a step; free it only after that.
+        self.chat.idle.wait(30)
+        _close(engine)
+
+    # -- settings -----------------------------------------------------------------------------
+    def apply_settings(self, settings: Settings, quiet: bool = False) -> None:
+        self.settings = settings
+        if self._save_settings is None:
+            return
+        try:
+            where = self._save_settings(settings)
+        except Exception as exc:
+            self.show_error(exc)
+            return
+        if not quiet:
+            self.notify(f"Settings saved to {where}" if where else "Settings saved")
+
+    # -- errors -------------------------------------------------------------------------------
+    def show_error(self, error: BaseException) -> None:
+        title, message = describe_error(error)
+        self.push_screen(ErrorScreen(title, message))
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_pairs(self) -> None:
+        from .screens.pairs import PairPickerScreen
+
+        def chosen(pair: PairStatus | None) -> None:
+            if pair is not None:
+                self.load(self.spec_for_pair(pair))
+
+        self.push_screen(PairPickerScreen(), chosen)
+
+    def action_models(self) -> None:
+        from .screens.models import ModelManagerScreen
+
+        self.push_screen(ModelManagerScreen())
+
+    def action_settings(self) -> None:
+        from .screens.settings import SettingsScreen
+
+        def saved(settings: Settings | None) -> None:
+            if settings is not None:
+                self.apply_settings(settings)
+
+        self.push_screen(SettingsScreen(self.settings), saved)
+
+    def action_chats(self) -> None:
+        from .screens.chats import ChatListScreen
+
+        async def chosen(chat_id: int | None) -> None:
+            if chat_id is not None:
+                await self.chat.open_chat(chat_id)
+
+        self.push_screen(ChatListScreen(self.export_dir or paths.data_dir() / "exports"), chosen)
+
+    async def action_quit(self) -> None:
+        # Cancel first: a generation stops between steps, a pull at its next chunk, and the app
+        # then exits without waiting for either to run to the end.
+        self.workers.cancel_all()
+        self.exit(0)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Pick a pair", "Load a catalogue or user pair", self.action_pairs)
+        yield SystemCommand("Model manager", "Local Ollama models: pull, delete, inspect",
+                            self.action_models)
+        yield SystemCommand("Settings", "Draft mode, sampling, GPU layers, context, threads",
+                            self.action_settings)
+        yield SystemCommand("Saved chats", "Open, rename, delete or export chats",
+                            self.action_chats)
+        yield SystemCommand("New chat", "Start an empty conversation", self.chat.action_new_chat)
+        yield SystemCommand("Regenerate", "Answer the last message again",
+                            self.chat.action_regenerate)
+        yield SystemCommand("Copy answer", "Copy the last answer to the clipboard",
+                            self.chat.action_copy_answer)
+        yield SystemCommand("Toggle drafted text", "Mark text accepted from the draft model",
+                            self.chat.action_toggle_drafted)
+        yield SystemCommand("Help", "Keys and what the numbers mean", self.action_help)
+
+    def on_unmount(self) -> None:
+        self.monitor.close()
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            # A cancelled generation leaves the engine within a step; free it only after that
+            # (freeing a llama.cpp context under a running decode would crash the process).
+            if self.chat.idle.wait(10):
+                _close(engine)
+
+
+def _close(engine: Any) -> None:
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+def _pair_label(spec: EngineSpec) -> str:
+    draft = spec.draft if spec.draft and spec.draft_mode == "model" else f"({spec.draft_mode})"
+    return f"{spec.display_name}\ntarget {Path(spec.target).name}\ndraft  {Path(draft).name}"

@@ -1,0 +1,106 @@
+"""Messages the TUI's workers post: small dataclasses named as past events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+from ..engine import Finished, TextChunk
+from ..library import LocalModel, PairStatus
+from ..loading import EngineSpec
+from ..monitor import MachineSample
+
+
+@dataclass
+class ModelLoaded(Message):
+    engine: Any
+    spec: EngineSpec
+    seconds: float
+
+
+@dataclass
+class ModelLoadFailed(Message):
+    spec: EngineSpec
+    error: Exception
+
+
+@dataclass
+class TokensArrived(Message):
+    """A batch of streamed text (a few tokens or ~30 ms worth), in order."""
+
+    generation: int
+    chunks: tuple[TextChunk, ...]
+
+
+@dataclass
+class GenerationFinished(Message):
+    generation: int
+    finished: Finished
+
+
+@dataclass
+class GenerationFailed(Message):
+    generation: int
+    error: Exception
+
+
+@dataclass
+class SampleTaken(Message):
+    sample: MachineSample
+
+    def can_replace(self, message: Message) -> bool:
+        # Only the newest reading matters; a queued older one is dropped.
+        return isinstance(message, SampleTaken)
+
+
+@dataclass
+class PairChecked(Message):
+    pair: PairStatus
+
+
+@dataclass
+class PullProgressed(Message):
+    name: str
+    digest: str
+    completed: int
+    total: int
+    status: str
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PullProgressed) and message.digest == self.digest
+
+
+@dataclass
+class PullFinished(Message):
+    name: str
+    model: LocalModel | None  # None when cancelled
+    error: Exception | None = None
+
+
+@dataclass
+class ModelsListed(Message):
+    models: list[LocalModel]
+    error: Exception | None = None
+
+
+@dataclass
+class InfoReady(Message):
+    """Text for the model manager's detail pane (inspect or suggest-drafts results)."""
+
+    title: str
+    body: str
+
+
+@dataclass
+class WorkFailed(Message):
+    """A background job of a screen failed; the screen shows the error."""
+
+    error: Exception
+
+
+@dataclass
+class EstimateReady(Message):
+    pair: str
+    estimate: Any  # library.MemoryEstimate

@@ -1,0 +1,340 @@
+"""The main screen: the conversation, the prompt, and the gauges beside them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.worker import get_current_worker
+
+from ...config import draft_settings, sampling_params
+from ...engine import GenerationRequest, GenerationStats, TextChunk
+from ...monitor import MachineSample
+from ..messages import GenerationFailed, GenerationFinished, TokensArrived
+from ..widgets.chat_message import ChatMessage
+from ..widgets.machine_gauge import MachineGauge
+from ..widgets.rate_gauge import RateGauge, RateReading
+
+if TYPE_CHECKING:
+    from ..app import LocalspecApp
+
+# Streamed text is posted every BATCH_TOKENS chunks or BATCH_SECONDS, whichever comes first:
+# one message per token would flood the event loop at a few hundred tokens/s.
+BATCH_TOKENS = 8
+BATCH_SECONDS = 0.03
+
+
+def stats_line(stats: GenerationStats, reason: str, k: int | None) -> str:
+    """The line under each answer."""
+    parts = [f"{stats.completion_tokens} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    if stats.drafted:
+        parts += [f"acceptance {stats.acceptance_rate:.0%}",
+                  f"mean accepted {stats.mean_accepted_length:.2f}"]
+    parts.append(f"K {k}" if k is not None else f"K auto (mean {stats.mean_k:.1f})")
+    parts.append(f"TTFT {stats.ttft_seconds * 1000:.0f} ms")
+    if reason == "cancelled":
+        parts.append("stopped")
+    return " · ".join(parts)
+
+
+def _chat_events(engine: Any, history: list[dict[str, str]], req: dict[str, Any],
+                 cancel: threading.Event) -> Iterator[Any]:
+    """Stream a chat answer from a local engine, or from a remote one (localspec.remote)."""
+    if hasattr(engine, "stream_chat"):  # an OpenAI-compatible server renders the template
+        return engine.stream_chat(history, max_tokens=req["max_tokens"],
+                                  sampling=req["sampling"], cancel=cancel)
+    tokens = engine.tokenize(engine.chat_prompt(history), chat=True)
+    return engine.stream(GenerationRequest(prompt_tokens=tuple(tokens), **req), cancel=cancel)
+
+
+class ChatScreen(Screen[None]):
+    """Chat with the loaded pair. The app sets ``engine`` and ``pair_label`` (data flows down)."""
+
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+y", "copy_answer", "Copy"),
+        Binding("ctrl+t", "toggle_drafted", "Drafted"),
+    ]
+
+    engine: reactive[Any] = reactive(None)
+    pair_label: reactive[str] = reactive("no pair loaded — F2 to pick one")
+    show_drafted: reactive[bool] = reactive(False)
+
+    def __init__(self) -> None:
+        super().__init__(id="chat-screen")
+        self.chat_id: int | None = None
+        self.generation = 0
+        self.generating = False
+        self._streaming: ChatMessage | None = None
+        self._stream_started = 0.0
+        self._stream_tokens = 0
+        self._stream_drafted = 0
+        self._last_reading = RateReading()
+        self._k: int | None = None
+        self.idle = threading.Event()  # set while no generation worker is using the engine
+        self.idle.set()
+
+    @property
+    def lsapp(self) -> LocalspecApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield VerticalScroll(id="conversation")
+                yield Input(placeholder="Message (Enter to send)", id="prompt")
+            with Vertical(id="sidebar"):
+                yield Static("Pair", classes="panel-title")
+                yield Static(self.pair_label, id="pair-label")
+                loading = ProgressBar(total=None, show_eta=False, show_percentage=False,
+                                      id="loading")
+                loading.display = False
+                yield loading
+                yield Static("Machine", classes="panel-title")
+                yield MachineGauge(id="machine")
+                yield Static("Token rate", classes="panel-title")
+                yield RateGauge(id="rate")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt", Input).focus()
+
+    # -- attributes set by the app ------------------------------------------------------------
+    def watch_pair_label(self, label: str) -> None:
+        if self.is_mounted:
+            self.query_one("#pair-label", Static).update(label)
+
+    def set_loading(self, label: str | None) -> None:
+        """Show (label) or hide (None) the loading indicator."""
+        self.query_one("#loading", ProgressBar).display = label is not None
+        if label is not None:
+            self.pair_label = label
+
+    def show_sample(self, sample: MachineSample) -> None:
+        gauges = self.query(MachineGauge)
+        if not gauges:  # composing, or torn down while quitting
+            return
+        gauges.first().sample = sample
+        if self.generating:
+            self.query_one(RateGauge).push(self._live_rate() or 0.0)
+
+    def set_plain_rate(self, rate: float | None) -> None:
+        from dataclasses import replace
+
+        self._set_reading(replace(self._last_reading, plain_tokens_per_second=rate))
+
+    def _set_reading(self, reading: RateReading) -> None:
+        self._last_reading = reading
+        self.query_one(RateGauge).reading = reading
+
+    # -- conversation -------------------------------------------------------------------------
+    def _messages(self) -> list[ChatMessage]:
+        return list(self.query(ChatMessage))
+
+    async def open_chat(self, chat_id: int | None) -> None:
+        """Show a stored chat (None: a new, empty one)."""
+        if self.generating:  # stop it; its late messages no longer match self.generation
+            self.action_stop()
+            self.generation += 1
+            self.generating = False
+        conv = self.query_one("#conversation", VerticalScroll)
+        await conv.remove_children()
+        self.chat_id = chat_id
+        self._streaming = None
+        if chat_id is None:
+            return
+        widgets = []
+        for m in self.lsapp.store.messages(chat_id):
+            line = m.stats.get("line") if m.stats else None
+            w = ChatMessage(m.role, m.content, m.spans, line, self.show_drafted)
+            w.message_id = m.id  # type: ignore[attr-defined]
+            widgets.append(w)
+        await conv.mount_all(widgets)
+        conv.scroll_end(animate=False)
+
+    @on(Input.Submitted, "#prompt")
+    async def send(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.engine is None:
+            self.notify("Load a pair first (F2).", severity="warning")
+            return
+        if self.generating:
+            self.notify("Still answering — Esc stops it.", severity="warning")
+            return
+        event.input.value = ""
+        store = self.lsapp.store
+        if self.chat_id is None:
+            chat = store.create_chat(text[:48], self.lsapp.pair_name,
+                                     self.lsapp.settings.system_prompt)
+            self.chat_id = chat.id
+        stored = store.add_message(self.chat_id, "user", text)
+        msg = ChatMessage("user", text)
+        msg.message_id = stored.id  # type: ignore[attr-defined]
+        await self.query_one("#conversation").mount(msg)
+        await self._start_generation()
+
+    async def _start_generation(self) -> None:
+        settings = self.lsapp.settings
+        history: list[dict[str, str]] = []
+        if settings.system_prompt:
+            history.append({"role": "system", "content": settings.system_prompt})
+        history += [{"role": m.role, "content": m.text} for m in self._messages()]
+        answer = ChatMessage("assistant", show_drafted=self.show_drafted)
+        conv = self.query_one("#conversation", VerticalScroll)
+        await conv.mount(answer)
+        conv.scroll_end(animate=False)
+        self._streaming = answer
+        self.generation += 1
+        self.generating = True
+        self._stream_started = 0.0
+        self._stream_tokens = self._stream_drafted = 0
+        has_draft = getattr(self.engine, "draft", None) is not None
+        draft = draft_settings(settings, has_draft)
+        self._k = draft.k
+        req = dict(max_tokens=settings.max_tokens, sampling=sampling_params(settings), draft=draft)
+        self.idle.clear()
+        self._set_reading(RateReading(generating=True,
+                                      plain_tokens_per_second=self._last_reading
+                                      .plain_tokens_per_second))
+        self.generate(self.engine, history, req, self.generation)
+
+    @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
+    def generate(self, engine: Any, history: list[dict[str, str]], req: dict[str, Any],
+                 generation: int) -> None:
+        """Render the chat, stream the answer, post it in batches. Runs in a thread."""
+        worker = get_current_worker()
+        try:
+            batch: list[TextChunk] = []
+            last = time.monotonic()
+            for event in _chat_events(engine, history, req, worker.cancelled_event):
+                if not isinstance(event, TextChunk):  # Finished (or a remote engine's kind)
+                    if batch:
+                        self.post_message(TokensArrived(generation, tuple(batch)))
+                    self.post_message(GenerationFinished(generation, event))
+                    return
+                batch.append(event)
+                now = time.monotonic()
+                if len(batch) >= BATCH_TOKENS or now - last >= BATCH_SECONDS:
+                    self.post_message(TokensArrived(generation, tuple(batch)))
+                    batch, last = [], now
+        except Exception as exc:
+            self.post_message(GenerationFailed(generation, exc))
+        finally:
+            if generation == self.generation:  # a newer generation may already hold the engine
+                self.idle.set()
+
+    def _live_rate(self) -> float | None:
+        if not self._stream_started:
+            return None
+        dt = time.monotonic() - self._stream_started
+        return self._stream_tokens / dt if dt > 0.05 else None
+
+    async def on_tokens_arrived(self, message: TokensArrived) -> None:
+        if message.generation != self.generation or self._streaming is None:
+            return
+        if not self._stream_started:
+            self._stream_started = time.monotonic()
+        self._stream_tokens += len(message.chunks)
+        self._stream_drafted += sum(c.drafted for c in message.chunks)
+        await self._streaming.append(message.chunks)
+        conv = self.query_one("#conversation", VerticalScroll)
+        if conv.max_scroll_y - conv.scroll_y < 3 * conv.size.height:
+            conv.scroll_end(animate=False)
+        self._set_reading(RateReading(
+            tokens_per_second=self._live_rate(),
+            acceptance=(self._stream_drafted / self._stream_tokens
+                        if self._stream_tokens else None),
+            draft_share=self._last_reading.draft_share,
+            plain_tokens_per_second=self._last_reading.plain_tokens_per_second,
+            generating=True))
+
+    def on_generation_finished(self, message: GenerationFinished) -> None:
+        if message.generation != self.generation or self._streaming is None:
+            return
+        fin, answer = message.finished, self._streaming
+        self.generating = False
+        self._streaming = None
+        st = fin.stats
+        line = stats_line(st, fin.finish_reason, self._k)
+        answer.set_stats(line)
+        if self.chat_id is not None:
+            stats = {**st.to_json(), "line": line, "finish_reason": fin.finish_reason}
+            stored = self.lsapp.store.add_message(self.chat_id, "assistant", answer.text,
+                                                  answer.spans, stats)
+            answer.message_id = stored.id  # type: ignore[attr-defined]
+        timed = st.draft_seconds + st.verify_seconds
+        plain = self._last_reading.plain_tokens_per_second
+        if st.drafted == 0 and st.lookup_rounds == 0 and self.lsapp.settings.draft_mode == "off":
+            # An answer without drafting is a measurement of plain decoding on this pair.
+            plain = st.decode_tokens_per_second or st.tokens_per_second
+            if self.lsapp.pair_name:
+                self.lsapp.store.record_rate(self.lsapp.pair_name, "plain", plain)
+        self._set_reading(RateReading(
+            tokens_per_second=st.decode_tokens_per_second or st.tokens_per_second,
+            acceptance=st.acceptance_rate if st.drafted else None,
+            draft_share=st.draft_seconds / timed if timed > 0 else None,
+            plain_tokens_per_second=plain, generating=False))
+
+    async def on_generation_failed(self, message: GenerationFailed) -> None:
+        if message.generation != self.generation:
+            return
+        self.generating = False
+        if self._streaming is not None:
+            await self._streaming.remove()
+            self._streaming = None
+        self._set_reading(RateReading(
+            plain_tokens_per_second=self._last_reading.plain_tokens_per_second))
+        self.lsapp.show_error(message.error)
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        """Esc: stop the answer being generated (the engine stops between steps)."""
+        if self.generating:
+            self.workers.cancel_group(self, "generate")
+
+    async def action_regenerate(self) -> None:
+        if self.generating or self.engine is None:
+            return
+        msgs = self._messages()
+        if not msgs:
+            return
+        last = msgs[-1]
+        if last.role == "assistant":
+            mid = getattr(last, "message_id", None)
+            if mid is not None:
+                self.lsapp.store.delete_message(mid)
+            await last.remove()
+        await self._start_generation()
+
+    async def action_new_chat(self) -> None:
+        await self.open_chat(None)
+        self.query_one("#prompt", Input).focus()
+
+    def action_copy_answer(self) -> None:
+        answers = [m for m in self._messages() if m.role == "assistant"]
+        if not answers:
+            self.notify("Nothing to copy yet.")
+            return
+        self.app.copy_to_clipboard(answers[-1].text)
+        self.notify("Answer copied to the clipboard.")
+
+    async def action_toggle_drafted(self) -> None:
+        self.show_drafted = not self.show_drafted
+        for m in self._messages():
+            await m.set_show_drafted(self.show_drafted)
+        self.notify("Drafted text highlighted (green: accepted from the draft)"
+                    if self.show_drafted else "Markdown view")

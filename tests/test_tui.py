@@ -1,0 +1,261 @@
+"""The TUI driven by Pilot with the real engine on tiny GGUF models; NVML and the registry faked."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from localspec.chat_store import ChatStore
+from localspec.config import Settings, load_settings, save_settings
+from localspec.engine import ModelSettings
+from localspec.errors import ModelLoadError
+from localspec.loading import EngineSpec, load_engine
+from localspec.tui.app import LocalspecApp
+from localspec.tui.screens.dialogs import ErrorScreen
+from localspec.tui.widgets.machine_gauge import MachineGauge
+from tests.tui_fakes import FIXED_CPU_SAMPLE, FakeLibrary, FakeMonitor
+
+SIZE = (120, 36)
+pytestmark = pytest.mark.anyio  # anyio's pytest plugin (anyio comes with httpx) runs async tests
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def make_app(tmp_path: Path, target_gguf: Path, draft_gguf: Path
+             ) -> Callable[..., LocalspecApp]:
+    db = tmp_path / "chats.sqlite3"
+
+    def make(settings: Settings | None = None, spec: EngineSpec | None = "tiny",  # type: ignore
+             factory: Any = load_engine, monitor: Any = None) -> LocalspecApp:
+        # One llama.cpp thread: on a loaded 2-core machine more threads spin against the UI.
+        one = ModelSettings(n_threads=1)
+        if spec == "tiny":
+            spec = EngineSpec(target=str(target_gguf), draft=str(draft_gguf), pair_name="tiny",
+                              target_settings=one, draft_settings=one)
+        return LocalspecApp(factory, monitor or FakeMonitor(), ChatStore(db),
+                            FakeLibrary(target_gguf, draft_gguf),
+                            settings or Settings(max_tokens=40, threads=1),
+                            save_settings=save_settings,
+                            spec=spec, export_dir=tmp_path / "exports", sample_interval=0.05)
+
+    return make
+
+
+async def wait_for(pilot: Any, cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError("timed out waiting")
+        await pilot.pause(0.05)
+
+
+async def send(pilot: Any, app: LocalspecApp, text: str) -> None:
+    app.chat.query_one("#prompt", Input).value = text
+    app.chat.query_one("#prompt", Input).focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def test_send_stream_regenerate_and_persist(make_app: Callable[..., LocalspecApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        await send(pilot, app, "write some code")
+        await wait_for(pilot, lambda: not app.chat.generating)
+        user, answer = app.chat._messages()
+        assert user.text == "write some code" and answer.text
+        assert answer.stats_line and "tokens" in answer.stats_line and "TTFT" in answer.stats_line
+        # What streamed is exactly what the engine produces for the same request (greedy).
+        engine = app.engine
+        hist = [{"role": "system", "content": app.settings.system_prompt},
+                {"role": "user", "content": "write some code"}]
+        from localspec.config import draft_settings, sampling_params
+        from localspec.engine import GenerationRequest
+
+        ref = engine.generate(GenerationRequest(
+            tuple(engine.tokenize(engine.chat_prompt(hist), chat=True)), max_tokens=40,
+            sampling=sampling_params(app.settings), draft=draft_settings(app.settings, True)))
+        assert answer.text == ref.text
+        first = answer.text
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 2
+                       and bool(app.chat._messages()[1].stats_line))
+        assert app.chat._messages()[1].text == first
+        chat_id = app.chat.chat_id
+        stored = app.store.messages(chat_id)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        assert stored[1].content == first and stored[1].stats["completion_tokens"] > 0
+        await pilot.press("ctrl+t")  # drafted-text view
+        await pilot.pause()
+        assert app.chat.show_drafted
+    # A new app over the same database reopens the chat.
+    app2 = make_app(spec=None)
+    async with app2.run_test(size=SIZE) as pilot:
+        await pilot.press("f5")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app2.chat._messages()) == 2)
+        assert app2.chat._messages()[1].text == first
+        assert app2.chat.chat_id == chat_id
+
+
+class SlowEngine:
+    """The real engine, streaming at a human pace so a key press lands mid-answer."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.draft = engine.draft
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def stream(self, req: Any, cancel: Any = None) -> Any:
+        for event in self.engine.stream(req, cancel):
+            time.sleep(0.005)
+            yield event
+
+
+def slow_factory(spec: EngineSpec) -> SlowEngine:
+    return SlowEngine(load_engine(spec))
+
+
+async def test_escape_stops_a_generation(make_app: Callable[..., LocalspecApp]) -> None:
+    app = make_app(Settings(max_tokens=3000, threads=1), factory=slow_factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        await send(pilot, app, "go on forever")
+        await wait_for(pilot, lambda: app.chat._stream_tokens > 0)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.chat.generating)
+        answer = app.chat._messages()[-1]
+        assert answer.stats_line and "stopped" in answer.stats_line
+        stored = app.store.messages(app.chat.chat_id)
+        assert stored[-1].stats["finish_reason"] == "cancelled"
+        assert stored[-1].stats["completion_tokens"] < 3000
+        # The engine is consistent afterwards: the next answer works.
+        from dataclasses import replace
+
+        app.settings = replace(app.settings, max_tokens=20)
+        await send(pilot, app, "and now briefly")
+        await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 4)
+
+
+async def test_quit_during_generation_exits_cleanly(make_app: Callable[..., LocalspecApp]) -> None:
+    app = make_app(Settings(max_tokens=3000, threads=1), factory=slow_factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        await send(pilot, app, "long answer")
+        await wait_for(pilot, lambda: app.chat._stream_tokens > 0)
+        await pilot.press("ctrl+q")
+    assert app.return_value == 0
+    assert app.engine is None  # closed after the generation left it
+    assert app.monitor.closed  # type: ignore[attr-defined]
+
+
+async def test_switch_pair_in_the_picker(make_app: Callable[..., LocalspecApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: getattr(app.screen, "pairs", {}).get("tiny-lookup")
+                       is not None and app.screen.pairs["tiny-lookup"].present is not None)
+        table = app.screen.query_one(DataTable)
+        table.move_cursor(row=table.get_row_index("absent"))
+        await pilot.press("enter")  # not pulled: stays on the picker
+        await pilot.pause()
+        assert app.screen.__class__.__name__ == "PairPickerScreen"
+        table.move_cursor(row=table.get_row_index("tiny-lookup"))
+        await wait_for(pilot, lambda: "needs ~4.0 GB" in str(
+            app.screen.query_one("#pair-detail").render()))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.spec is not None and app.spec.pair_name == "tiny-lookup")
+        assert app.engine.draft is None
+        await send(pilot, app, "hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 2)
+        assert load_settings().last_pair == "tiny-lookup"
+
+
+async def test_load_failure_is_a_dismissible_message(make_app: Callable[..., LocalspecApp]
+                                                     ) -> None:
+    def failing(spec: EngineSpec) -> Any:
+        raise ModelLoadError("out of memory loading tiny-target (needs 40 GB)")
+
+    app = make_app(factory=failing)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert app.screen.error_title == "Model failed to load"
+        assert "out of memory" in app.screen.error_message
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, ErrorScreen)
+        await send(pilot, app, "anyone there?")  # no engine: a notification, no crash
+        assert app.chat._messages() == []
+
+
+async def test_gauges_show_the_monitor(make_app: Callable[..., LocalspecApp]) -> None:
+    app = make_app(spec=None, monitor=FakeMonitor(FIXED_CPU_SAMPLE))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.chat.query_one(MachineGauge).sample is not None)
+        group = app.chat.query_one(MachineGauge).render()
+        text = "\n".join(t.plain for t in group.renderables)  # type: ignore[attr-defined]
+        assert "No NVIDIA driver" in text
+
+
+async def test_model_manager_pull_cancel_delete_inspect(make_app: Callable[..., LocalspecApp]
+                                                        ) -> None:
+    app = make_app(spec=None)
+    lib: FakeLibrary = app.library  # type: ignore[assignment]
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.query_one("#models", DataTable).row_count == 2)
+        screen.query_one("#pull-name", Input).value = "qwen3:0.6b"
+        await pilot.click("#pull")
+        await wait_for(pilot, lambda: screen.pulling is None)
+        assert [m.name for m in lib.models][-1] == "qwen3:0.6b"
+        assert len(screen._bars) == 2
+        await wait_for(pilot, lambda: screen.query_one("#models", DataTable).row_count == 3)
+        lib.pull_delay = 0.2
+        screen.query_one("#pull-name", Input).value = "slow:latest"
+        await pilot.click("#pull")
+        await wait_for(pilot, lambda: bool(screen._bars))
+        await pilot.click("#cancel-pull")
+        await wait_for(pilot, lambda: screen.pulling is None)
+        assert "slow:latest" not in [m.name for m in lib.models]
+        screen.query_one("#models", DataTable).focus()
+        await pilot.press("ctrl+i")
+        await wait_for(pilot, lambda: "GGUF metadata" in str(
+            screen.query_one("#model-detail").render()))
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "smaller" in str(screen.query_one("#model-detail").render()))
+        await pilot.press("ctrl+d")
+        await pilot.pause()
+        await pilot.press("y")
+        await wait_for(pilot, lambda: lib.deleted == ["tiny-target:latest"])
+
+
+async def test_settings_are_saved(make_app: Callable[..., LocalspecApp],
+                                  isolated_home: Path) -> None:
+    app = make_app(spec=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        app.screen.query_one("#temperature", Input).value = "0.8"
+        app.screen.query_one("#k", Input).value = "nope"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen.__class__.__name__ == "SettingsScreen"  # bad K: still open
+        app.screen.query_one("#k", Input).value = "7"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.settings.temperature == 0.8 and app.settings.k == 7
+    assert load_settings().temperature == 0.8
