@@ -115,3 +115,24 @@ def test_requests_in_sequence_do_not_leak_state(engine: SpeculativeEngine,
     with SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=1024)) as fresh:
         a3 = run(fresh, PROMPTS[0], k=3)
     assert a1.tokens == a2.tokens == a3.tokens
+
+
+def test_auto_mode_decodes_plainly_when_batched_logits_drift(engine: SpeculativeEngine) -> None:
+    """A build whose batched kernels stray from one-token ones (a quantized target on a CPU):
+    auto mode must not speculate on greedy requests; a fixed K still does."""
+    saved = engine.greedy_exact
+    engine.greedy_exact = False
+    try:
+        auto = run(engine, PROMPTS[0], k=None, max_tokens=40)
+        fixed = run(engine, PROMPTS[0], k=3, max_tokens=40)
+    finally:
+        engine.greedy_exact = saved
+    assert auto.stats.drafted == 0
+    assert fixed.stats.drafted > 0
+    assert auto.tokens == fixed.tokens == run(engine, PROMPTS[0], mode="none",
+                                              max_tokens=40).tokens
+
+
+def test_tie_margin_is_measured_and_small_for_f32(engine: SpeculativeEngine) -> None:
+    assert 0.0 <= engine.tie_margin < 0.25
+    assert engine.greedy_exact

@@ -122,3 +122,50 @@ def test_fixed_k_drafts_exactly_k() -> None:
     assert ctl.model_worth_trying(room=10)
     assert ctl.keep_going(2, p) and not ctl.keep_going(3, p)
     assert ctl.trim(p, 1.0) == 2
+
+
+def test_concave_verify_cost_considers_longer_drafts() -> None:
+    # One extra token costs half a step, five cost little more (F16 on a CPU): K=1 loses,
+    # K=5 wins, so drafting must be judged over all lengths, not one.
+    costs = CostModel.from_measurements({1: 0.064, 2: 0.11, 5: 0.12, 8: 0.14},
+                                        k_max=8, draft=0.01)
+    ctl = DraftController(costs, 8)
+    ctl.model_acc.rate = 0.75
+    assert ctl._rate([0.75], 0.01) < ctl.plain_rate()
+    assert ctl.model_worth_trying(room=100)
+    assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.97]))
+
+
+def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:
+    compute_bound = _controller(t1=0.04, per_extra=0.04, draft=0.02)
+    for _ in range(200):
+        compute_bound.observe_plain_step()
+    assert not compute_bound.should_peek(room=50)
+
+    ctl = _controller(t1=0.09, per_extra=0.006, draft=0.02)
+    ctl.model_acc.rate = 0.05  # the draft has been failing: not worth trying now
+    assert not ctl.model_worth_trying(room=50)
+    for _ in range(DraftController.PEEK_MIN - 1):
+        ctl.observe_plain_step()
+    assert not ctl.should_peek(room=50)
+    ctl.observe_plain_step()
+    assert ctl.should_peek(room=50)
+    ctl.observe_peek(n_accepted=0)  # nothing found: wait twice as long next time
+    for _ in range(DraftController.PEEK_MIN):
+        ctl.observe_plain_step()
+    assert not ctl.should_peek(room=50)
+    for _ in range(DraftController.PEEK_MIN):
+        ctl.observe_plain_step()
+    assert ctl.should_peek(room=50)
+
+
+def test_acceptance_carries_over_between_requests() -> None:
+    shared = AcceptanceModel()
+    first = DraftController(CostModel.from_calibration(0.09, 0.15, 9, 8, 0.02), 8,
+                            model_acc=shared)
+    for _ in range(20):
+        first.observe(Proposal("model", tokens=[1, 2], confidences=[0.9, 0.9]), 2, 0)
+    first.end_request()
+    second = DraftController(first.costs, 8, model_acc=shared)
+    # Starts from what the first request learned (the default prior is 0.6).
+    assert second.model_acc.rate < 0.5

@@ -259,3 +259,36 @@ async def test_settings_are_saved(make_app: Callable[..., LocalspecApp],
         await pilot.pause()
         assert app.settings.temperature == 0.8 and app.settings.k == 7
     assert load_settings().temperature == 0.8
+
+
+async def test_chat_through_a_remote_server(make_app: Callable[..., LocalspecApp],
+                                            target_gguf: Path, draft_gguf: Path) -> None:
+    """`localspec tui --url`: the same chat against an OpenAI-compatible server."""
+    from localspec.engine import GenerationRequest, SamplingParams, SpeculativeEngine
+    from localspec.server import ServerConfig
+    from localspec.server.app import create_app
+    from localspec.server.running import BackgroundServer
+    from localspec.tui import remote_factory
+
+    engine = SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=1024,
+                                                                           n_threads=1))
+    server = BackgroundServer(create_app(engine, ServerConfig(model_id="tiny"))).start()
+    try:
+        factory, spec = remote_factory(server.url)
+        app = make_app(spec=spec, factory=factory, settings=Settings(max_tokens=24, threads=1))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None)
+            await send(pilot, app, "hello remote")
+            await wait_for(pilot, lambda: not app.chat.generating)
+            _, answer = app.chat._messages()
+            assert answer.text and "tokens" in answer.stats_line
+            hist = [{"role": "system", "content": app.settings.system_prompt},
+                    {"role": "user", "content": "hello remote"}]
+        local = engine.generate(GenerationRequest(
+            prompt_tokens=engine.tokenize(engine.chat_prompt(hist), chat=True), max_tokens=24,
+            sampling=SamplingParams(temperature=app.settings.temperature)))
+        assert app.settings.temperature == 0  # greedy: the remote answer is the engine's
+        assert answer.text == local.text
+    finally:
+        server.stop()
+        engine.close()

@@ -85,8 +85,23 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("bench", total=len(prompts) * args.repeats * 2)
         result = run_bench(engine, prompts, cfg,
                            on_step=lambda d: progress.update(task, advance=1, description=d))
+    _remember_plain_rate(spec.display_name, result)
     _output(result, args)
     return 0
+
+
+def _remember_plain_rate(pair: str, result: dict) -> None:  # type: ignore[type-arg]
+    """The chat app shows plain decoding's rate beside the live one once it has been measured."""
+    from ..chat_store import ChatStore
+
+    rates = [p["plain_decode_tokens_per_second"] for p in result["prompts"]]
+    if not rates:
+        return
+    store = ChatStore()
+    try:
+        store.record_rate(pair, "plain", sum(rates) / len(rates))
+    finally:
+        store.close()
 
 
 def _sampling(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -17,6 +17,14 @@ from .drafters import Proposal
 N_BINS = 10
 
 
+def _slope(points: dict[int, float], ns: list[int]) -> float:
+    """Seconds per extra token past the last measured point."""
+    if len(ns) < 2:
+        return 0.0
+    a, b = ns[-2], ns[-1]
+    return max(0.0, (points[b] - points[a]) / (b - a))
+
+
 @dataclass(slots=True)
 class CostModel:
     """Seconds per target decode of n tokens (index n), and per draft-model token."""
@@ -26,10 +34,25 @@ class CostModel:
     smoothing: float = 0.25
 
     @classmethod
-    def from_calibration(cls, t1: float, tn: float, n: int, k_max: int, draft: float) -> CostModel:
-        slope = max(0.0, (tn - t1) / (n - 1))
-        table = [0.0] + [t1 + slope * (i - 1) for i in range(1, k_max + 2)]
+    def from_measurements(cls, points: dict[int, float], k_max: int, draft: float) -> CostModel:
+        """Piecewise-linear through measured (n tokens -> seconds) points. The curve is often
+        concave (on a CPU with an F16 target, going from 1 to 2 tokens costs far more than
+        from 5 to 6), so two points are not enough."""
+        ns = sorted(points)
+        table = [0.0]
+        for n in range(1, k_max + 2):
+            lo = max((m for m in ns if m <= n), default=ns[0])
+            hi = min((m for m in ns if m >= n), default=ns[-1])
+            if hi == lo:
+                t = points[lo] + (n - lo) * _slope(points, ns) if n > lo else points[lo]
+            else:
+                t = points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+            table.append(max(t, points[ns[0]]))
         return cls(target=table, draft_token=draft)
+
+    @classmethod
+    def from_calibration(cls, t1: float, tn: float, n: int, k_max: int, draft: float) -> CostModel:
+        return cls.from_measurements({1: t1, n: tn}, k_max, draft)
 
     def verify(self, n: int) -> float:
         return self.target[min(n, len(self.target) - 1)]
@@ -55,6 +78,7 @@ class AcceptanceModel:
     # The running per-token acceptance, used before a token's own confidence is known.
     rate: float = 0.6
     prior_rate: float = 0.6
+    _request: list[float] = field(default_factory=lambda: [0.0, 0.0])  # hits, seen
 
     def estimate(self, conf: float) -> float:
         b = min(int(conf * N_BINS), N_BINS - 1)
@@ -67,11 +91,23 @@ class AcceptanceModel:
             ok = 1.0 if i < n_accepted else 0.0
             self.hits[b] += ok
             self.seen[b] += 1.0
+            self._request[0] += ok
+            self._request[1] += 1.0
             self.rate += 0.1 * (ok - self.rate)
 
     def relax(self) -> None:
         """Drift back towards the prior while not drafting, so a bad patch is retried later."""
         self.rate += 0.02 * (self.prior_rate - self.rate)
+
+    def start_request(self) -> None:
+        """A new request starts from what past requests taught (this pair on this machine)."""
+        self.rate = self.prior_rate
+        self._request = [0.0, 0.0]
+
+    def end_request(self) -> None:
+        hits, seen = self._request
+        if seen:
+            self.prior_rate += 0.3 * (hits / seen - self.prior_rate)
 
 
 class DraftController:
@@ -80,12 +116,24 @@ class DraftController:
     ``fixed_k`` set: always draft exactly that many (no early stop), like llama.cpp's --draft.
     """
 
-    def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None) -> None:
+    # Plain steps between "peeks" (one forced draft token, kept only if the draft is confident),
+    # doubling after each peek that finds nothing: a draft that stopped paying is re-checked
+    # often at first and rarely once it keeps failing, so checking costs at most ~1%.
+    PEEK_MIN, PEEK_MAX = 8, 128
+
+    def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
+                 model_acc: AcceptanceModel | None = None,
+                 lookup_acc: AcceptanceModel | None = None) -> None:
         self.costs = costs
         self.k_max = k_max
         self.fixed_k = fixed_k
-        self.model_acc = AcceptanceModel()
-        self.lookup_acc = AcceptanceModel(rate=0.5, prior_rate=0.5)
+        self.model_acc = model_acc or AcceptanceModel()
+        self.lookup_acc = lookup_acc or AcceptanceModel(rate=0.5, prior_rate=0.5)
+        self.model_acc.start_request()
+        self.lookup_acc.start_request()
+        self._plain_streak = 0
+        self._peek_interval = self.PEEK_MIN
+        self.peeking = False
 
     # -- planning -----------------------------------------------------------------------------
     def _rate(self, probs: list[float], draft_seconds: float) -> float:
@@ -100,11 +148,13 @@ class DraftController:
         return 1.0 / self.costs.verify(1)
 
     def model_worth_trying(self, room: int) -> bool:
-        """Whether drafting even one model token is expected to beat plain decoding."""
+        """Whether drafting (some number of) model tokens is expected to beat plain decoding.
+
+        Every length is considered, not just one token: verification cost is usually concave
+        in the number of tokens, so K=1 can lose where K=5 wins."""
         if self.fixed_k is not None:
-            return True
-        a = self.model_acc.rate
-        return self._rate([a], self.costs.draft_token) > self.plain_rate() and room > 0
+            return room > 0
+        return room > 0 and self.expected_model_rate(room) > self.plain_rate()
 
     def expected_model_rate(self, room: int) -> float:
         a, best = self.model_acc.rate, self.plain_rate()
@@ -113,15 +163,22 @@ class DraftController:
         return best
 
     def keep_going(self, j: int, prop: Proposal) -> bool:
-        """After j drafted tokens: is a (j+1)-th worth its draft and verify time?"""
+        """After j drafted tokens: is drafting more expected to beat stopping now?
+
+        Stopping now means verifying the best prefix of what was drafted (the j draft steps are
+        spent either way); going on means some longer draft whose unseen tokens are accepted at
+        the running rate. The drafted tokens' own confidences make this an early stop when the
+        draft starts guessing."""
         if self.fixed_k is not None:
             return j < self.fixed_k
         if j >= self.k_max:
             return False
-        probs = [self.model_acc.estimate(c) for c in prop.confidences]
-        now = self._rate(probs, j * self.costs.draft_token)
-        nxt = self._rate(probs + [self.model_acc.rate], (j + 1) * self.costs.draft_token)
-        return nxt > now
+        c = self.costs.draft_token
+        probs = [self.model_acc.estimate(conf) for conf in prop.confidences]
+        stop = max(self._rate(probs[:i], j * c) for i in range(j + 1))
+        a = self.model_acc.rate
+        go = max(self._rate(probs + [a] * (m - j), m * c) for m in range(j + 1, self.k_max + 1))
+        return go > stop
 
     def trim(self, prop: Proposal, draft_seconds: float) -> int:
         """How many of the drafted tokens to verify (drafting time is already spent)."""
@@ -142,10 +199,33 @@ class DraftController:
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int) -> None:
+        self._plain_streak = 0
         if prop.source == "model":
             self.model_acc.observe(prop.confidences[:n_verified], n_accepted)
         else:
             self.lookup_acc.observe(prop.confidences[:n_verified], n_accepted)
 
+    def end_request(self) -> None:
+        self.model_acc.end_request()
+        self.lookup_acc.end_request()
+
     def observe_plain_step(self) -> None:
         self.model_acc.relax()
+        self._plain_streak += 1
+
+    def should_peek(self, room: int) -> bool:
+        """Time for a cheap look at whether the draft model has become worth it again: only
+        where near-perfect acceptance would pay for drafting at all (never on a compute-bound
+        target, where every look would be a loss)."""
+        if self._plain_streak < self._peek_interval or room <= 0:
+            return False
+        c, optimistic = self.costs.draft_token, 0.95
+        best = max(self._rate([optimistic] * k, k * c) for k in range(1, min(self.k_max, room) + 1))
+        return best > 1.05 * self.plain_rate()
+
+    def observe_peek(self, n_accepted: int) -> None:
+        self._plain_streak = 0
+        if n_accepted:
+            self._peek_interval = self.PEEK_MIN
+        else:
+            self._peek_interval = min(2 * self._peek_interval, self.PEEK_MAX)

@@ -13,11 +13,12 @@ from typing import Literal
 import numpy as np
 
 from ..errors import ContextOverflowError, LocalspecError
-from .controller import CostModel, DraftController
+from .controller import AcceptanceModel, CostModel, DraftController
 from .drafters import ModelDrafter, PromptLookupDrafter, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import (
     SamplingParams,
+    apply_penalties,
     distribution,
     greedy_token,
     one_hot,
@@ -28,6 +29,11 @@ from .stats import GenerationStats
 from .text import TextAssembler, TextChunk
 
 log = logging.getLogger(__name__)
+
+# Twice the largest batched-vs-single logit difference under which greedy auto mode speculates.
+# Measured here: F16 ~0.03, Q8_0 ~0.66, Q4_K_M ~1.26 (CPU, llama.cpp of llama-cpp-python 0.3.36).
+EXACT_TIE_MARGIN = 0.25
+
 
 DraftMode = Literal["model", "lookup", "none"]
 AcceptRule = Literal["rejection", "match"]
@@ -92,6 +98,8 @@ class _Run:
     stats: GenerationStats
     max_new: int
     reason: FinishReason | None = None
+    # Set after a near-tie: the next position is decided by a one-token step.
+    plain_next: bool = False
 
 
 class SpeculativeEngine:
@@ -108,6 +116,20 @@ class SpeculativeEngine:
         self._drafter = ModelDrafter(draft) if draft is not None else None
         self._costs = self._calibrate() if calibrate else CostModel.from_calibration(
             1.0, 1.0 * (k_max + 1), k_max + 1, k_max, 0.1)
+        # What the target accepted from each drafter, carried from request to request; greedy
+        # and sampled decoding accept differently, so each has its own.
+        self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(rate=0.5, prior_rate=0.5))
+                            for greedy in (True, False)}
+        # Greedy verification never decides a near-tie from batched logits (see _verify).
+        self.tie_margin = self._measure_tie_margin() if calibrate else 0.0
+        # Where batched and one-token logits disagree this much, the KV cache that batched
+        # verification writes can steer later greedy choices away from plain decoding, so
+        # auto mode does not speculate on greedy requests (a fixed K still does, guarded).
+        self.greedy_exact = self.tie_margin <= EXACT_TIE_MARGIN
+        if not self.greedy_exact:
+            log.info("greedy auto mode decodes plainly: batched logits drift %.3f on this "
+                     "build (a quantized target on a CPU); output stays the target's",
+                     self.tie_margin / 2)
         self._lock = threading.Lock()
 
     @classmethod
@@ -148,13 +170,38 @@ class SpeculativeEngine:
 
     # -- calibration --------------------------------------------------------------------------
     def _calibrate(self) -> CostModel:
-        """Time one-token and (k_max+1)-token target decodes and a draft step on this machine."""
-        n = max(2, min(self.k_max + 1, self.target.n_batch, self.target.n_ctx - 1))
-        t1 = self.target.time_decode(1)
-        tn = self.target.time_decode(n)
+        """Time target decodes of several batch sizes and a draft step on this machine."""
+        limit = max(2, min(self.k_max + 1, self.target.n_batch, self.target.n_ctx - 1))
+        sizes = sorted({n for n in (1, 2, 3, 5, 8, limit) if n <= limit})
+        points = {n: self.target.time_decode(n) for n in sizes}
         td = self.draft.time_decode(1) if self.draft is not None else 0.0
-        log.info("calibration: target 1 tok %.4fs, %d tok %.4fs; draft %.4fs", t1, n, tn, td)
-        return CostModel.from_calibration(t1, tn, n, self.k_max, td)
+        log.info("calibration: target %s; draft %.4fs/token",
+                 {n: round(t, 4) for n, t in points.items()}, td)
+        return CostModel.from_measurements(points, self.k_max, td)
+
+    def _measure_tie_margin(self, n: int = 6) -> float:
+        """How far batched logits stray from one-token-at-a-time logits on this build.
+
+        llama.cpp computes a batch with other kernels than a single token (on CPUs and GPUs,
+        and most of all for k-quants: up to ~0.5 logits on a Q4_K_M here, ~0.01 on F16). Plain
+        decoding runs one token at a time, so a greedy choice whose top-2 margin is within that
+        drift could differ between the two; twice the measured drift is the margin below which
+        verification leaves the choice to a one-token step."""
+        # Token ids, not text: tokenizing arbitrary text aborts on vocabularies without byte
+        # fallback, and any ids exercise the same kernels.
+        vocab = self.target.n_vocab
+        seq = [(vocab // 3 + 7919 * i) % vocab for i in range(2 * n)]
+        if len(seq) >= self.target.n_ctx:
+            return 0.0
+        head, tail = seq[:-n], seq[-n:]
+        self.target.sync(head, 1)
+        single = [self.target.decode([t], 1)[0] for t in tail]
+        self.target.truncate(len(head))
+        batched = self.target.decode(tail, n)
+        self.target.reset()
+        drift = max(float(np.abs(single[i] - batched[i]).max()) for i in range(n))
+        log.info("batched vs single-token logits drift: %.4f", drift)
+        return 2.0 * drift
 
     # -- prompts ------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -215,7 +262,8 @@ class SpeculativeEngine:
                    stats=GenerationStats(prompt_tokens=n_prompt),
                    max_new=min(req.max_tokens, self.target.n_ctx - n_prompt))
         controller = DraftController(self._costs, min(req.draft.k_max, self.k_max)
-                                     if req.draft.k is None else req.draft.k, req.draft.k)
+                                     if req.draft.k is None else req.draft.k, req.draft.k,
+                                     *self._acceptance[req.sampling.greedy])
         lookup = PromptLookupDrafter(req.draft.lookup_ngram_max, req.draft.lookup_ngram_min)
 
         t0 = time.perf_counter()
@@ -244,8 +292,10 @@ class SpeculativeEngine:
             t0 = time.perf_counter()
             n_acc, nxt = self._verify(run, prop, logits)
             run.stats.sample_seconds += time.perf_counter() - t0
+            run.plain_next = nxt is None
             if k:
-                controller.observe(prop, k, n_acc)
+                # An undecided near-tie is neither an acceptance nor a rejection.
+                controller.observe(prop, k if nxt is not None else n_acc, n_acc)
                 run.stats.drafted += k
                 run.stats.accepted += n_acc
                 run.stats.draft_rounds += 1
@@ -253,10 +303,15 @@ class SpeculativeEngine:
             else:
                 controller.observe_plain_step()
             run.stats.k_counts[k] += 1
-            yield from self._emit(run, prop.tokens[:n_acc] + [nxt], n_drafted=n_acc)
+            if controller.peeking:
+                controller.observe_peek(n_acc)
+                controller.peeking = False
+            new = prop.tokens[:n_acc] + ([nxt] if nxt is not None else [])
+            yield from self._emit(run, new, n_drafted=n_acc)
 
         for chunk in run.text.finish():
             yield chunk
+        controller.end_request()
         run.stats.total_seconds = time.perf_counter() - t_start
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
@@ -270,7 +325,9 @@ class SpeculativeEngine:
     def _propose(self, run: _Run, controller: DraftController, lookup: PromptLookupDrafter,
                  room: int) -> Proposal:
         ds = run.req.draft
-        if ds.mode == "none" or room <= 0:
+        if ds.mode == "none" or room <= 0 or run.plain_next:
+            return Proposal(source="none")
+        if ds.k is None and run.req.sampling.greedy and not self.greedy_exact:
             return Proposal(source="none")
         cap = min(room, ds.k if ds.k is not None else controller.k_max)
         if ds.mode == "lookup" or (ds.k is None and self._drafter is not None):
@@ -283,7 +340,9 @@ class SpeculativeEngine:
                 return cand
         assert self._drafter is not None
         if not controller.model_worth_trying(cap):
-            return Proposal(source="none")
+            if ds.k is not None or not controller.should_peek(cap):
+                return Proposal(source="none")
+            controller.peeking = True
         stochastic = not run.req.sampling.greedy and ds.rule == "rejection"
         prop = self._drafter.propose(run.seq, cap, run.req.sampling, run.rng,
                                      controller.keep_going, stochastic)
@@ -297,12 +356,20 @@ class SpeculativeEngine:
             prop.dists = prop.dists[:keep]
         return prop
 
-    def _verify(self, run: _Run, prop: Proposal, logits: np.ndarray) -> tuple[int, int]:
-        """Accept a prefix of the drafted tokens; return (n accepted, the next token)."""
+    def _verify(self, run: _Run, prop: Proposal,
+                logits: np.ndarray) -> tuple[int, int | None]:
+        """Accept a prefix of the drafted tokens; return (n accepted, the next token).
+
+        The next token is None when greedy verification met a near-tie in batched logits: the
+        accepted prefix stands and the next step decodes that position alone, as plain
+        decoding would."""
         sp = run.req.sampling
         hist = list(run.seq)
+        guard = sp.greedy and len(prop.tokens) > 0 and self.tie_margin > 0
         for i, tok in enumerate(prop.tokens):
             if sp.greedy:
+                if guard and _near_tie(logits[i], hist, sp, self.tie_margin):
+                    return i, None
                 y = greedy_token(logits[i], hist, sp)
                 if y != tok:
                     return i, y
@@ -316,7 +383,10 @@ class SpeculativeEngine:
                 if run.rng.random() * q[tok] >= p[tok]:  # reject with prob 1 - min(1, p/q)
                     return i, sample(residual(p, q), run.rng)
             hist.append(tok)
-        return len(prop.tokens), self._pick(logits[len(prop.tokens)], hist, run)
+        k = len(prop.tokens)
+        if guard and _near_tie(logits[k], hist, sp, self.tie_margin):
+            return k, None
+        return k, self._pick(logits[k], hist, run)
 
     def _emit(self, run: _Run, tokens: list[int], n_drafted: int) -> Iterator[TextChunk]:
         for i, tok in enumerate(tokens):
@@ -335,3 +405,11 @@ class SpeculativeEngine:
             if len(run.out) >= run.max_new:
                 run.reason = "length"
                 return
+
+
+def _near_tie(logits: np.ndarray, history: Sequence[int], sp: SamplingParams,
+              margin: float) -> bool:
+    """Whether the two best (penalized) logits are closer than ``margin``."""
+    x = apply_penalties(logits, history, sp)
+    top2 = np.partition(x, -2)[-2:]
+    return float(top2[1] - top2[0]) < margin

@@ -34,6 +34,20 @@ def _logs_to_file() -> Iterator[None]:
         handler.close()
 
 
+def remote_factory(url: str, api_key: str | None = None) -> tuple[Any, EngineSpec]:
+    """An engine factory and spec that chat with an OpenAI-compatible server instead of
+    loading models here (localspec serve, llama-server, vLLM)."""
+    from ..loading import EngineSpec as _Spec
+    from ..remote import RemoteEngine
+
+    def factory(_spec: EngineSpec) -> Any:
+        engine = RemoteEngine(url, api_key=api_key)
+        engine.resolved_model()  # fail here (shown in the app) if the server is unreachable
+        return engine
+
+    return factory, _Spec(target=url, pair_name=url, draft_mode="remote")
+
+
 def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
              api_key: str | None = None) -> int:
     """Open the chat app, loading ``spec`` (or connecting to ``url``) first when given.
@@ -51,15 +65,7 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
     settings = load_settings()
     factory: Any
     if url is not None:
-        from ..loading import EngineSpec as _Spec
-        from ..remote import RemoteEngine
-
-        def factory(_spec: EngineSpec) -> Any:
-            engine = RemoteEngine(url, api_key=api_key)
-            engine.resolved_model()  # fail here (shown in the app) if the server is unreachable
-            return engine
-
-        spec = _Spec(target=url, pair_name=url, draft_mode="remote")
+        factory, spec = remote_factory(url, api_key)
     else:
         from ..loading import load_engine
 
