@@ -11,7 +11,7 @@ APP_NAME = "localspec"
 
 
 def home_override() -> Path | None:
-    """``LOCALSPEC_HOME`` puts config, data and cache under one folder (tests, portable installs)."""
+    """``LOCALSPEC_HOME`` puts config, data and cache under one folder (tests, portable use)."""
     value = os.environ.get("LOCALSPEC_HOME")
     return Path(value).expanduser() if value else None
 

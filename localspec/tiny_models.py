@@ -72,7 +72,8 @@ def _weights(spec: TinyModelSpec, n_vocab: int) -> dict[str, np.ndarray]:
     def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
 
-    w: dict[str, np.ndarray] = {"token_embd.weight": mat(n_vocab, spec.n_embd, np.sqrt(spec.n_embd))}
+    embd = mat(n_vocab, spec.n_embd, float(np.sqrt(spec.n_embd)))
+    w: dict[str, np.ndarray] = {"token_embd.weight": embd}
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = np.ones(spec.n_embd, dtype=np.float32)

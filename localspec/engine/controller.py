@@ -154,7 +154,8 @@ class DraftController:
         in the number of tokens, so K=1 can lose where K=5 wins."""
         if self.fixed_k is not None:
             return room > 0
-        return room > 0 and self.expected_model_rate(room) > self.plain_rate()
+        # A 5% margin: the acceptance estimate is noisy, and a wrong "yes" costs a draft pass.
+        return room > 0 and self.expected_model_rate(room) > 1.05 * self.plain_rate()
 
     def expected_model_rate(self, room: int) -> float:
         a, best = self.model_acc.rate, self.plain_rate()
@@ -181,7 +182,11 @@ class DraftController:
         return go > stop
 
     def trim(self, prop: Proposal, draft_seconds: float) -> int:
-        """How many of the drafted tokens to verify (drafting time is already spent)."""
+        """How many of the drafted tokens to verify (drafting time is already spent).
+
+        Tokens dropped here are never verified, so they teach the running rate what the
+        draft's confidence predicted for them; otherwise a draft that keeps guessing badly
+        would keep being run (and paid for) only to be thrown away."""
         if self.fixed_k is not None or not prop.tokens:
             return len(prop.tokens)
         acc = self.lookup_acc if prop.source == "lookup" else self.model_acc
@@ -191,6 +196,8 @@ class DraftController:
             r = self._rate(probs[:k], draft_seconds)
             if r > best:
                 best_k, best = k, r
+        if prop.source == "model" and best_k < len(probs):
+            acc.rate += 0.1 * (probs[best_k] - acc.rate)
         return best_k
 
     def lookup_rate(self, prop: Proposal) -> float:

@@ -55,7 +55,8 @@ class DraftSettings:
         if self.mode not in ("model", "lookup", "none"):
             raise ValueError(f"unknown draft mode {self.mode!r} (model, lookup or none)")
         if self.mode == "model" and not has_draft_model:
-            raise LocalspecError("draft mode 'model' needs a draft model (or use --draft-mode lookup)")
+            raise LocalspecError(
+                "draft mode 'model' needs a draft model (or use --draft-mode lookup)")
         if self.k is not None and not 0 <= self.k <= 32:
             raise ValueError("k must be between 0 and 32")
         if self.rule not in ("rejection", "match"):
@@ -347,8 +348,8 @@ class SpeculativeEngine:
         prop = self._drafter.propose(run.seq, cap, run.req.sampling, run.rng,
                                      controller.keep_going, stochastic)
         run.stats.draft_seconds += prop.seconds
-        if prop.tokens and prop.catch_up_tokens <= 2:
-            self._costs.observe_draft(prop.seconds / len(prop.tokens))
+        if prop.step_seconds:
+            self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
         keep = controller.trim(prop, prop.seconds)
         prop.tokens = prop.tokens[:keep]
         prop.confidences = prop.confidences[:keep]

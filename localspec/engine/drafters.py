@@ -23,6 +23,8 @@ class Proposal:
     confidences: list[float] = field(default_factory=list)
     seconds: float = 0.0
     catch_up_tokens: int = 0
+    # Seconds of each one-token draft decode after the first (which also catches up).
+    step_seconds: list[float] = field(default_factory=list)
 
 
 # keep_going(j, proposal) -> whether to draft token j+1 after j tokens drafted.
@@ -107,6 +109,8 @@ class ModelDrafter:
             history.append(tok)
             if len(prop.tokens) >= max_k or not keep_going(len(prop.tokens), prop):
                 break
+            t_step = time.perf_counter()
             logits = self.runner.decode([tok], 1)[0]
+            prop.step_seconds.append(time.perf_counter() - t_step)
         prop.seconds = time.perf_counter() - t0
         return prop

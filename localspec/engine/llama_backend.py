@@ -147,7 +147,7 @@ class LlamaRunner:
 
     def common_prefix(self, seq: Sequence[int]) -> int:
         n = 0
-        for a, b in zip(self.tokens, seq):
+        for a, b in zip(self.tokens, seq, strict=False):
             if a != b:
                 break
             n += 1
