@@ -45,7 +45,16 @@ class GGUFInfo:
     add_bos_token: bool
     add_eos_token: bool
     has_chat_template: bool
+    head_count: int | None = None
+    head_count_kv: int | None = None
     tokens: tuple[bytes, ...] = field(repr=False, compare=False, default=())
+
+    def kv_cache_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
+        """K and V of every layer at ``n_ctx`` tokens (f16 cache), from the attention shape."""
+        ratio = (self.head_count_kv / self.head_count
+                 if self.head_count and self.head_count_kv else 1.0)
+        return int(2 * (self.block_count or 0) * n_ctx * (self.embedding_length or 0) * ratio
+                   * bytes_per_value)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (no token list)."""
@@ -67,6 +76,8 @@ class GGUFInfo:
             "add_bos_token": self.add_bos_token,
             "add_eos_token": self.add_eos_token,
             "has_chat_template": self.has_chat_template,
+            "head_count": self.head_count,
+            "head_count_kv": self.head_count_kv,
         }
 
 
@@ -145,6 +156,15 @@ def _check_tensor_extents(path: Path, reader: Any, file_size: int) -> int:
     return params
 
 
+def _largest(value: Any) -> int | None:
+    """Head counts are per-layer arrays in some architectures; the largest bounds the cache."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return max(int(v) for v in value) if value else None
+    return int(value)
+
+
 def _default_add_bos(tokenizer_model: str | None) -> bool:
     # llama.cpp's defaults when the key is absent: SPM-style vocabularies add BOS, BPE ones do not.
     return tokenizer_model in {"llama", "t5"}
@@ -188,6 +208,8 @@ def read_gguf_info(path: str | Path, *, with_tokens: bool = False) -> GGUFInfo:
         add_bos_token=bool(add_bos) if add_bos is not None else _default_add_bos(str(tok_model)),
         add_eos_token=bool(add_eos) if add_eos is not None else False,
         has_chat_template=reader.get_field("tokenizer.chat_template") is not None,
+        head_count=_largest(_scalar(reader, f"{arch}.attention.head_count")),
+        head_count_kv=_largest(_scalar(reader, f"{arch}.attention.head_count_kv")),
         tokens=tokens,
     )
 

@@ -80,21 +80,9 @@ class ModelLibrary(Protocol):
 
 def kv_cache_bytes(path: Path, n_ctx: int, bytes_per_value: int = 2) -> int:
     """K and V for every layer at ``n_ctx`` (f16), from the GGUF's attention shape."""
-    # gguf_meta's reader helpers: GGUFInfo does not carry the head counts the KV size needs.
-    from .gguf_meta import _open_reader, _scalar
+    from .gguf_meta import read_gguf_info
 
-    reader = _open_reader(path)
-    arch = _scalar(reader, "general.architecture")
-    n_layer = int(_scalar(reader, f"{arch}.block_count") or 0)
-    n_embd = int(_scalar(reader, f"{arch}.embedding_length") or 0)
-    n_head = _scalar(reader, f"{arch}.attention.head_count")
-    n_head_kv = _scalar(reader, f"{arch}.attention.head_count_kv")
-    if isinstance(n_head, (list, tuple)):  # per-layer arrays in some architectures
-        n_head = max(n_head)
-    if isinstance(n_head_kv, (list, tuple)):
-        n_head_kv = max(n_head_kv)
-    ratio = (int(n_head_kv) / int(n_head)) if n_head and n_head_kv else 1.0
-    return int(2 * n_layer * n_ctx * n_embd * ratio * bytes_per_value)
+    return read_gguf_info(path).kv_cache_bytes(n_ctx, bytes_per_value)
 
 
 class DefaultLibrary:

@@ -28,6 +28,9 @@ def test_reads_metadata_without_loading(target_gguf: Path) -> None:
     # 4 blocks of attention + FFN, embeddings and output: well over 100k parameters.
     assert info.parameter_count > 100_000
     assert "tokens" not in info.to_json()
+    # K and V, 4 layers, 2 of 4 heads share KV: 2 * 4 * ctx * 64 * 0.5 * 2 bytes.
+    assert (info.head_count, info.head_count_kv) == (4, 2)
+    assert info.kv_cache_bytes(100) == 51_200
 
 
 def test_shallow_draft_is_compatible(target_gguf: Path, draft_gguf: Path) -> None:
@@ -96,28 +99,24 @@ def test_corrupt_header_bytes(tmp_path: Path, target_gguf: Path) -> None:
         read_gguf_info(bad)
 
 
-def test_projector_and_tokenizerless_files_are_refused(tmp_path: Path) -> None:
+def _bare_gguf(path: Path, arch: str, tensor: str) -> Path:
+    """A GGUF with one tensor and no tokenizer."""
     from gguf import GGUFWriter
 
-    proj = tmp_path / "mmproj.gguf"
-    w = GGUFWriter(str(proj), "clip")
-    w.add_tensor("v.weight", np.zeros((4, 4), dtype=np.float32))
+    w = GGUFWriter(str(path), arch)
+    w.add_tensor(tensor, np.zeros((4, 4), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(GGUFError, match="projector or encoder"):
-        read_gguf_info(proj)
+    return path
 
-    bare = tmp_path / "bare.gguf"
-    w = GGUFWriter(str(bare), "llama")
-    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+
+def test_projector_and_tokenizerless_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(GGUFError, match="projector or encoder"):
+        read_gguf_info(_bare_gguf(tmp_path / "mmproj.gguf", "clip", "v.weight"))
     with pytest.raises(GGUFError, match="no tokenizer"):
-        read_gguf_info(bare)
+        read_gguf_info(_bare_gguf(tmp_path / "bare.gguf", "llama", "token_embd.weight"))
 
 
 def test_tiny_model_writer_is_deterministic(tmp_path: Path) -> None:
