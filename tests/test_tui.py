@@ -292,3 +292,9 @@ async def test_chat_through_a_remote_server(make_app: Callable[..., LocalspecApp
     finally:
         server.stop()
         engine.close()
+
+
+def test_control_characters_are_shown_harmlessly() -> None:
+    from localspec.tui.widgets.chat_message import visible
+
+    assert visible("a\x05b\nc\td\x7f") == "a\u2405b\nc\td\u2421"

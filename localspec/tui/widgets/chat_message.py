@@ -44,9 +44,9 @@ class ChatMessage(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "user":
-            yield Static(self.text, classes="body", markup=False)
+            yield Static(visible(self.text), classes="body", markup=False)
         else:
-            md = Markdown(self.text, classes="body")
+            md = Markdown(visible(self.text), classes="body")
             md.display = not self.show_drafted
             yield md
             marked = Static(self._marked(), classes="body drafted-view")
@@ -59,7 +59,7 @@ class ChatMessage(Vertical):
     def _marked(self) -> Text:
         text = Text()
         for c in self.chunks:
-            text.append(c.text, style=DRAFTED_STYLE if c.drafted else "")
+            text.append(visible(c.text), style=DRAFTED_STYLE if c.drafted else "")
         return text
 
     async def append(self, chunks: Iterable[TextChunk]) -> None:
@@ -71,7 +71,7 @@ class ChatMessage(Vertical):
         if self.show_drafted:
             self.query_one(".drafted-view", Static).update(self._marked())
         else:
-            await self.query_one(Markdown).append("".join(c.text for c in new))
+            await self.query_one(Markdown).append(visible("".join(c.text for c in new)))
 
     def set_stats(self, line: str | None) -> None:
         self.stats_line = line
@@ -88,9 +88,19 @@ class ChatMessage(Vertical):
         if show:
             marked.update(self._marked())
         else:
-            await md.update(self.text)
+            await md.update(visible(self.text))
         md.display = not show
         marked.display = show
+
+
+# Control characters (models emit them; tiny demo models often) would reach the terminal raw
+# and make saved SVG screenshots invalid XML: show them as Unicode "control pictures".
+_CONTROL_PICTURES = {i: 0x2400 + i for i in range(32) if chr(i) not in "\n\t"} | {0x7F: 0x2421}
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters (but newline and tab) made visible and harmless."""
+    return text.translate(_CONTROL_PICTURES)
 
 
 def _chunks_from_spans(content: str, spans: Iterable[tuple[int, bool]]) -> list[TextChunk]:

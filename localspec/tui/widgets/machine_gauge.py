@@ -14,7 +14,8 @@ from ._format import bar, human_bytes, percent
 class MachineGauge(Widget):
     """Per GPU: VRAM bar, utilisation, this process's VRAM. Without NVML: RAM, CPU, process RSS."""
 
-    sample: reactive[MachineSample | None] = reactive(None)
+    # layout=True: the first render ("sampling…") is one line; a sample needs several.
+    sample: reactive[MachineSample | None] = reactive(None, layout=True)
 
     def render(self) -> RenderableType:
         s = self.sample

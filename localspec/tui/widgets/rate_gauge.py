@@ -26,7 +26,7 @@ class RateReading:
 class RateGauge(Vertical):
     """Token-rate panel. ``reading`` is set by the screen; ``push`` adds a sparkline point."""
 
-    reading: reactive[RateReading] = reactive(RateReading, always_update=True)
+    reading: reactive[RateReading] = reactive(RateReading, always_update=True, layout=True)
 
     def __init__(self, history: int = 60, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
