@@ -189,3 +189,29 @@ def push_model(registry_url: str, repository: str, tag: str, model: OllamaModel)
         reply = http.put(f"/v2/{repository}/manifests/{tag}", content=model.manifest,
                          headers={"Content-Type": MANIFEST_MEDIA_TYPE})
         assert reply.status_code == 201, reply.text
+
+
+def registry_or_skip(root: Path) -> RegistryServer:
+    """Start Debian's docker-registry in ``root``, or skip the test when it is not installed."""
+    import shutil
+
+    import pytest
+
+    if shutil.which(REGISTRY_BINARY) is None:
+        pytest.skip(f"{REGISTRY_BINARY} is missing: apt-get install docker-registry "
+                    "(.ci/run installs it)")
+    return start_registry(root)
+
+
+def assert_runs(model_path: Path, n_tokens: int = 8) -> None:
+    """The model loads in the real engine and generates ``n_tokens`` tokens."""
+    from localspec.engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
+
+    eng = SpeculativeEngine.load(model_path, None, ModelSettings(n_ctx=256))
+    try:
+        out = eng.generate(GenerationRequest(prompt_tokens=eng.tokenize("hello", chat=False),
+                                             max_tokens=n_tokens,
+                                             draft=DraftSettings(mode="none")))
+    finally:
+        eng.close()
+    assert len(out.tokens) == n_tokens

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,12 +11,11 @@ import pytest
 from localspec.catalogue import user_pairs_path
 from localspec.cli import main
 from tests.ollama_helpers import (
-    REGISTRY_BINARY,
     RegistryServer,
     build_model,
     install_gguf,
     push_model,
-    start_registry,
+    registry_or_skip,
 )
 
 
@@ -102,10 +100,7 @@ def test_pull_unknown_pair_or_model_offline(capsys: pytest.CaptureFixture[str]) 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
-    if shutil.which(REGISTRY_BINARY) is None:
-        pytest.skip(f"{REGISTRY_BINARY} is missing: apt-get install docker-registry "
-                    "(.ci/run installs it)")
-    server = start_registry(tmp_path_factory.mktemp("registry-cli"))
+    server = registry_or_skip(tmp_path_factory.mktemp("registry-cli"))
     yield server
     server.stop()
 

@@ -11,7 +11,15 @@ from localspec import ollama_store
 from localspec.errors import GGUFError, ModelNotFoundError
 from localspec.model_ref import display_name, resolve_model
 from localspec.ollama_store import PROJECTOR_MEDIA_TYPE, ModelName, parse_name
-from tests.ollama_helpers import PARAMS, TEMPLATE, Layer, build_model, install_gguf, write_model
+from tests.ollama_helpers import (
+    PARAMS,
+    TEMPLATE,
+    Layer,
+    assert_runs,
+    build_model,
+    install_gguf,
+    write_model,
+)
 
 
 @pytest.fixture
@@ -156,13 +164,6 @@ def test_resolve_model_paths_and_names(store: Path, target_gguf: Path, tmp_path:
 
 
 def test_pulled_store_model_runs(store: Path, target_gguf: Path) -> None:
-    from localspec.engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
 
     install_gguf(store, "tiny", target_gguf)
-    eng = SpeculativeEngine.load(resolve_model("tiny"), None, ModelSettings(n_ctx=256))
-    try:
-        out = eng.generate(GenerationRequest(prompt_tokens=eng.tokenize("hello", chat=False),
-                                             max_tokens=8, draft=DraftSettings(mode="none")))
-    finally:
-        eng.close()
-    assert len(out.tokens) == 8
+    assert_runs(resolve_model("tiny"))

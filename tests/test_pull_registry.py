@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,22 +12,19 @@ from localspec import ollama_store, registry_client
 from localspec.errors import ModelNotFoundError, PullError
 from localspec.pull import PullProgress, pull
 from tests.ollama_helpers import (
-    REGISTRY_BINARY,
     OllamaModel,
     RegistryServer,
+    assert_runs,
     build_model,
     free_port,
     push_model,
-    start_registry,
+    registry_or_skip,
 )
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
-    if shutil.which(REGISTRY_BINARY) is None:
-        pytest.skip(f"{REGISTRY_BINARY} is missing: apt-get install docker-registry "
-                    "(.ci/run installs it)")
-    server = start_registry(tmp_path_factory.mktemp("registry"))
+    server = registry_or_skip(tmp_path_factory.mktemp("registry"))
     yield server
     server.stop()
 
@@ -157,14 +153,7 @@ def test_present_model_needs_no_network(registry: RegistryServer, tiny: OllamaMo
 
 
 def test_pulled_model_runs(registry: RegistryServer, tiny: OllamaModel) -> None:
-    from localspec.engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
     from localspec.model_ref import resolve_model
 
     pull("tiny", registry=registry.url, insecure=True)
-    eng = SpeculativeEngine.load(resolve_model("tiny"), None, ModelSettings(n_ctx=256))
-    try:
-        out = eng.generate(GenerationRequest(prompt_tokens=eng.tokenize("hello", chat=False),
-                                             max_tokens=8, draft=DraftSettings(mode="none")))
-    finally:
-        eng.close()
-    assert len(out.tokens) == 8
+    assert_runs(resolve_model("tiny"))
