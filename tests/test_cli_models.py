@@ -117,3 +117,14 @@ def test_pull_pair_from_registry(registry: RegistryServer, store: Path, target_g
     # Present now: a second pull needs no registry at all.
     assert main(["pull", "tiny", "--registry", "http://127.0.0.1:9", "--insecure"]) == 0
     assert main(["pull", "tiny:big"]) == 0
+
+
+def test_run_a_single_ollama_model_by_name(store: Path, target_gguf: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A model name that is not a pair runs alone, drafting with prompt lookup."""
+    install_gguf(store, "tiny", target_gguf)
+    assert main(["run", "tiny", "hello", "-n", "6", "--ctx", "256", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["completion_tokens"] == 6
+    assert main(["run", "no-such-thing", "hello"]) == 1
+    assert "no pair named 'no-such-thing'" in capsys.readouterr().err

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..engine.llama_backend import ModelSettings
-from ..errors import LocalspecError
-from ..loading import EngineSpec, spec_from_pair
+from ..errors import LocalspecError, ModelNotFoundError
+from ..loading import EngineSpec, resolve_ref, spec_from_pair
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +81,16 @@ def engine_spec(args: argparse.Namespace, pair: str | None) -> EngineSpec:
                           draft_settings=ds, draft_mode=mode)
     if not pair:
         raise LocalspecError("name a pair (see `localspec list`) or give --target and --draft")
-    spec = spec_from_pair(pair, ts, ds)
+    try:
+        spec = spec_from_pair(pair, ts, ds)
+    except ModelNotFoundError as not_a_pair:
+        # A single model by name (an Ollama name or a .gguf path) runs with prompt lookup.
+        try:
+            resolve_ref(pair)
+        except LocalspecError:
+            raise not_a_pair from None
+        return EngineSpec(target=pair, draft=None, target_settings=ts, draft_settings=ds,
+                          draft_mode=args.draft_mode or "lookup")
     if args.draft_mode:
         spec = EngineSpec(target=spec.target, draft=spec.draft, target_settings=ts,
                           draft_settings=ds, pair_name=spec.pair_name, draft_mode=args.draft_mode)

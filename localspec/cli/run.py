@@ -23,8 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "chat message through the target's chat template (--raw for "
                                    "plain completion); it may also come on stdin. With a pair "
                                    "and no prompt on a terminal, opens the chat app.")
-    p.add_argument("words", nargs="*", metavar="[PAIR] PROMPT",
-                   help="a pair name (unless --target is given) and the prompt")
+    p.add_argument("words", nargs="*", metavar="[PAIR|MODEL] PROMPT",
+                   help="a pair name, or one model (then drafted by prompt lookup), unless "
+                        "--target is given; then the prompt")
     add_model_options(p)
     add_draft_options(p)
     add_sampling_options(p)
