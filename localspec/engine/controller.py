@@ -133,7 +133,7 @@ class DraftController:
         self.lookup_acc.start_request()
         self._plain_streak = 0
         self._peek_interval = self.PEEK_MIN
-        self.peeking = False
+        self._peeking = False
 
     # -- planning -----------------------------------------------------------------------------
     def _rate(self, probs: list[float], draft_seconds: float) -> float:
@@ -207,6 +207,8 @@ class DraftController:
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int) -> None:
         self._plain_streak = 0
+        if self._peeking:
+            self.observe_peek(n_accepted)
         if prop.source == "model":
             self.model_acc.observe(prop.confidences[:n_verified], n_accepted)
         else:
@@ -219,6 +221,8 @@ class DraftController:
     def observe_plain_step(self) -> None:
         self.model_acc.relax()
         self._plain_streak += 1
+        if self._peeking:  # the peeked draft was not worth verifying
+            self.observe_peek(0)
 
     def should_peek(self, room: int) -> bool:
         """Time for a cheap look at whether the draft model has become worth it again: only
@@ -230,7 +234,12 @@ class DraftController:
         best = max(self._rate([optimistic] * k, k * c) for k in range(1, min(self.k_max, room) + 1))
         return best > 1.05 * self.plain_rate()
 
+    def start_peek(self) -> None:
+        """The coming draft is a peek; its outcome (observe*) sets when to look next."""
+        self._peeking = True
+
     def observe_peek(self, n_accepted: int) -> None:
+        self._peeking = False
         self._plain_streak = 0
         if n_accepted:
             self._peek_interval = self.PEEK_MIN

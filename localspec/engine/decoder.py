@@ -304,9 +304,6 @@ class SpeculativeEngine:
             else:
                 controller.observe_plain_step()
             run.stats.k_counts[k] += 1
-            if controller.peeking:
-                controller.observe_peek(n_acc)
-                controller.peeking = False
             new = prop.tokens[:n_acc] + ([nxt] if nxt is not None else [])
             yield from self._emit(run, new, n_drafted=n_acc)
 
@@ -336,25 +333,20 @@ class SpeculativeEngine:
             if ds.mode == "lookup" or (
                 cand.tokens and controller.lookup_rate(cand) >= controller.expected_model_rate(cap)
             ):
-                cand.tokens = cand.tokens[: controller.trim(cand, 0.0)]
-                cand.confidences = cand.confidences[: len(cand.tokens)]
+                cand.truncate(controller.trim(cand, 0.0))
                 return cand
         assert self._drafter is not None
         if not controller.model_worth_trying(cap):
             if ds.k is not None or not controller.should_peek(cap):
                 return Proposal(source="none")
-            controller.peeking = True
+            controller.start_peek()
         stochastic = not run.req.sampling.greedy and ds.rule == "rejection"
         prop = self._drafter.propose(run.seq, cap, run.req.sampling, run.rng,
                                      controller.keep_going, stochastic)
         run.stats.draft_seconds += prop.seconds
         if prop.step_seconds:
             self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
-        keep = controller.trim(prop, prop.seconds)
-        prop.tokens = prop.tokens[:keep]
-        prop.confidences = prop.confidences[:keep]
-        if prop.dists is not None:
-            prop.dists = prop.dists[:keep]
+        prop.truncate(controller.trim(prop, prop.seconds))
         return prop
 
     def _verify(self, run: _Run, prop: Proposal,
@@ -397,9 +389,7 @@ class SpeculativeEngine:
             run.seq.append(tok)
             run.out.append(tok)
             run.stats.completion_tokens += 1
-            drafted = i < n_drafted
-            run.stats.accepted_from_draft += drafted
-            yield from run.text.feed(self.target.piece(tok), drafted)
+            yield from run.text.feed(self.target.piece(tok), i < n_drafted)
             if run.text.stopped:
                 run.reason = "stop"
                 return

@@ -26,6 +26,13 @@ class Proposal:
     # Seconds of each one-token draft decode after the first (which also catches up).
     step_seconds: list[float] = field(default_factory=list)
 
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` drafted tokens (with their confidences and distributions)."""
+        del self.tokens[n:]
+        del self.confidences[n:]
+        if self.dists is not None:
+            del self.dists[n:]
+
 
 # keep_going(j, proposal) -> whether to draft token j+1 after j tokens drafted.
 KeepGoing = Callable[[int, Proposal], bool]

@@ -25,7 +25,6 @@ class GenerationStats:
     sample_seconds: float = 0.0
     ttft_seconds: float = 0.0
     total_seconds: float = 0.0
-    accepted_from_draft: int = 0
 
     @property
     def acceptance_rate(self) -> float:
