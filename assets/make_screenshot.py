@@ -12,10 +12,10 @@ from pathlib import Path
 from localspec.chat_store import ChatStore
 from localspec.config import Settings, save_settings
 from localspec.engine import ModelSettings
-from localspec.library import DefaultLibrary
 from localspec.loading import EngineSpec, load_engine
+from localspec.models.library import DefaultLibrary
+from localspec.models.tiny import build_demo_pair
 from localspec.monitor import SystemMonitor
-from localspec.tiny_models import build_demo_pair
 from localspec.tui.app import LocalspecApp
 
 OUT = Path(__file__).parent / "localspec-tui.svg"

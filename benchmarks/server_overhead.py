@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.tiny:
-            from localspec.tiny_models import build_demo_pair
+            from localspec.models.tiny import build_demo_pair
 
             target, draft = build_demo_pair(Path(tmp))
             args.max_tokens, args.repeats, args.gpu_layers = 48, 1, 0

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from . import paths
 from .errors import ConfigError
+from .files import atomic_write
 
 DraftChoice = Literal["auto", "fixed", "lookup", "off"]
 DRAFT_CHOICES: tuple[str, ...] = ("auto", "fixed", "lookup", "off")
@@ -120,10 +121,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     path = path or config_path()
     settings.validate()
     table = {k: v for k, v in dataclasses.asdict(settings).items() if v is not None}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(tomli_w.dumps({"chat": table}), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, tomli_w.dumps({"chat": table}))
     return path
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .engine.llama_backend import ModelSettings
 
@@ -34,7 +33,7 @@ class EngineSpec:
 def spec_from_pair(pair_name: str, target_settings: ModelSettings = ModelSettings(),
                    draft_settings: ModelSettings | None = None) -> EngineSpec:
     """An EngineSpec for a catalogue or user pair."""
-    from .catalogue import find_pair
+    from .models.catalogue import find_pair
 
     pair = find_pair(pair_name)
     return EngineSpec(target=pair.target, draft=pair.draft, target_settings=target_settings,
@@ -42,21 +41,12 @@ def spec_from_pair(pair_name: str, target_settings: ModelSettings = ModelSetting
                       draft_mode=pair.draft_mode)
 
 
-def resolve_ref(ref: str) -> Path:
-    """A model reference to a GGUF path (an existing file, or an Ollama name in the store)."""
-    path = Path(ref).expanduser()
-    if path.suffix == ".gguf" or path.exists():
-        return path  # validated by gguf_meta before llama.cpp sees it
-    from .model_ref import resolve_model
-
-    return resolve_model(ref)
-
-
 def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
     """Resolve, validate (files and pair) and load. Returns a SpeculativeEngine."""
     from .engine import SpeculativeEngine
+    from .models.names import resolve_model
 
-    target = resolve_ref(spec.target)
-    draft = resolve_ref(spec.draft) if spec.draft and spec.draft_mode == "model" else None
+    target = resolve_model(spec.target)
+    draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
     log.info("loading target %s, draft %s", target, draft)
     return SpeculativeEngine.load(target, draft, spec.target_settings, spec.draft_settings)

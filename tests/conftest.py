@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.tiny_models import TinyModelSpec, shallow_copy, write_tiny_model
+from localspec.models.tiny import TinyModelSpec, shallow_copy, write_tiny_model
 
 TARGET_SPEC = TinyModelSpec(seed=11, n_layer=4, layer_scale=0.2, name="tiny-target")
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.ollama_store import (
+from localspec.models.ollama_store import (
     CONFIG_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
     MODEL_MEDIA_TYPE,

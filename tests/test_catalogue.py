@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from localspec import catalogue
-from localspec.catalogue import (
+from localspec.errors import ConfigError, IncompatiblePairError, ModelNotFoundError
+from localspec.models import catalogue
+from localspec.models.catalogue import (
     add_user_pair,
     find_pair,
     load_pairs,
@@ -17,8 +18,7 @@ from localspec.catalogue import (
     suggest_drafts,
     user_pairs_path,
 )
-from localspec.errors import ConfigError, IncompatiblePairError, ModelNotFoundError
-from localspec.ollama_store import parse_name
+from localspec.models.ollama_store import parse_name
 from tests.ollama_helpers import install_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_shipped_catalogue_covers_families() -> None:
 def test_top_level_models_toml_is_the_shipped_file() -> None:
     top = REPO / "models.toml"
     assert top.is_symlink()
-    assert top.resolve() == (REPO / "localspec" / "models.toml").resolve()
+    assert top.resolve() == (REPO / "localspec" / "models" / "models.toml").resolve()
     tomllib.loads(top.read_text())
 
 

@@ -49,8 +49,8 @@ def test_rates(tmp_path: Path) -> None:
 
 def test_memory_estimate_of_a_real_pair(target_gguf: Path, draft_gguf: Path) -> None:
     from localspec.engine import ModelSettings
-    from localspec.library import DefaultLibrary, kv_cache_bytes
     from localspec.loading import EngineSpec
+    from localspec.models.library import DefaultLibrary, kv_cache_bytes
 
     spec = EngineSpec(target=str(target_gguf), draft=str(draft_gguf),
                       target_settings=ModelSettings(n_ctx=1024))

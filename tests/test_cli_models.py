@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.catalogue import user_pairs_path
 from localspec.cli import main
+from localspec.models.catalogue import user_pairs_path
 from tests.ollama_helpers import (
     RegistryServer,
     build_model,

@@ -18,7 +18,7 @@ from localspec.engine import (
     TextChunk,
 )
 from localspec.errors import ContextOverflowError, IncompatiblePairError, LocalspecError
-from localspec.tiny_models import TinyModelSpec, write_tiny_model
+from localspec.models.tiny import TinyModelSpec, write_tiny_model
 
 from .engine_helpers import PROMPTS, run
 

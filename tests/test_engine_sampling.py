@@ -21,7 +21,7 @@ from localspec.engine import (
     SamplingParams,
     SpeculativeEngine,
 )
-from localspec.tiny_models import TinyModelSpec, write_tiny_model
+from localspec.models.tiny import TinyModelSpec, write_tiny_model
 
 WORDS = ("a", "b")  # vocabulary: 3 control + 2 words + 26 letters + "▁" = 32 tokens
 PARAMS = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)

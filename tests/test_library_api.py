@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def test_engine_imports_no_ui() -> None:
-    code = ("import sys, localspec.engine, localspec.loading, localspec.gguf_meta, "
+    code = ("import sys, localspec.engine, localspec.loading, localspec.engine.gguf_meta, "
             "localspec.benchmarking; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('textual', 'starlette', 'uvicorn') or m.startswith('localspec.tui') or "
             "m.startswith('localspec.server')]; print(bad); sys.exit(1 if bad else 0)")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec import ollama_store
 from localspec.errors import GGUFError, ModelNotFoundError
-from localspec.model_ref import display_name, resolve_model
-from localspec.ollama_store import PROJECTOR_MEDIA_TYPE, ModelName, parse_name
+from localspec.models import ollama_store
+from localspec.models.names import display_name, resolve_model
+from localspec.models.ollama_store import PROJECTOR_MEDIA_TYPE, ModelName, parse_name
 from tests.ollama_helpers import (
     PARAMS,
     TEMPLATE,

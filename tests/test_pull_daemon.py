@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from localspec import pull as pull_module
 from localspec.errors import ModelNotFoundError, PullError
-from localspec.pull import PullProgress, daemon_url, pull
+from localspec.models import pull as pull_module
+from localspec.models.pull import PullProgress, daemon_url, pull
 from tests.ollama_helpers import OllamaModel, build_model, write_model
 
 

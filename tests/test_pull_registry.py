@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from localspec import ollama_store, registry_client
 from localspec.errors import ModelNotFoundError, PullError
-from localspec.pull import PullProgress, pull
+from localspec.models import ollama_store, registry_client
+from localspec.models.pull import PullProgress, pull
 from tests.ollama_helpers import (
     OllamaModel,
     RegistryServer,
@@ -153,7 +153,7 @@ def test_present_model_needs_no_network(registry: RegistryServer, tiny: OllamaMo
 
 
 def test_pulled_model_runs(registry: RegistryServer, tiny: OllamaModel) -> None:
-    from localspec.model_ref import resolve_model
+    from localspec.models.names import resolve_model
 
     pull("tiny", registry=registry.url, insecure=True)
     assert_runs(resolve_model("tiny"))

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from localspec.library import LocalModel, MemoryEstimate, PairStatus
 from localspec.loading import EngineSpec
+from localspec.models.library import LocalModel, MemoryEstimate, PairStatus
 from localspec.monitor import GpuSample, MachineSample
 
 GiB = 1024 ** 3

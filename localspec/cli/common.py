@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..engine.llama_backend import ModelSettings
 from ..errors import LocalspecError, ModelNotFoundError
-from ..loading import EngineSpec, resolve_ref, spec_from_pair
+from ..loading import EngineSpec, spec_from_pair
+from ..models.names import resolve_model
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +87,7 @@ def engine_spec(args: argparse.Namespace, pair: str | None) -> EngineSpec:
     except ModelNotFoundError as not_a_pair:
         # A single model by name (an Ollama name or a .gguf path) runs with prompt lookup.
         try:
-            resolve_ref(pair)
+            resolve_model(pair)
         except LocalspecError:
             raise not_a_pair from None
         return EngineSpec(target=pair, draft=None, target_settings=ts, draft_settings=ds,

@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
     from ..loading import EngineSpec
+    from ..models.tiny import build_demo_pair
     from ..paths import demo_models_dir
-    from ..tiny_models import build_demo_pair
 
     target, draft = build_demo_pair(demo_models_dir())
     settings = ModelSettings(n_ctx=2048)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..gguf_meta import GGUFInfo, check_pair, read_gguf_info
-from ..loading import resolve_ref
+from ..engine.gguf_meta import GGUFInfo, check_pair, read_gguf_info
+from ..formatting import human_bytes, human_count
+from ..models.names import resolve_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,29 +19,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
-        size /= 1024
-    return f"{n} B"
-
-
-def _human_params(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.2f}{unit}"
-    return str(n)
-
-
 def _lines(info: GGUFInfo) -> list[str]:
     rows = [
         ("file", str(info.path)),
-        ("size", _human_size(info.file_size)),
+        ("size", human_bytes(info.file_size)),
         ("name", info.name or "-"),
         ("architecture", info.architecture),
-        ("parameters", _human_params(info.parameter_count)),
+        ("parameters", human_count(info.parameter_count)),
         ("quantization", info.file_type or "-"),
         ("context length", str(info.context_length or "-")),
         ("layers", str(info.block_count or "-")),
@@ -55,10 +40,10 @@ def _lines(info: GGUFInfo) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     with_tokens = args.draft is not None
-    info = read_gguf_info(resolve_ref(args.model), with_tokens=with_tokens)
+    info = read_gguf_info(resolve_model(args.model), with_tokens=with_tokens)
     report = None
     if args.draft:
-        draft = read_gguf_info(resolve_ref(args.draft), with_tokens=True)
+        draft = read_gguf_info(resolve_model(args.draft), with_tokens=True)
         report = check_pair(info, draft)
     if args.json:
         out = info.to_json()

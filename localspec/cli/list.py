@@ -16,9 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _local_models() -> list[dict[str, Any]]:
+    from ..engine.gguf_meta import read_gguf_info
     from ..errors import GGUFError
-    from ..gguf_meta import read_gguf_info
-    from ..ollama_store import list_local
+    from ..models.ollama_store import list_local
 
     models = []
     for model in list_local():
@@ -41,8 +41,8 @@ def _compat(value: bool | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..catalogue import load_pairs, pair_status
-    from .formatting import human_count, human_size, table
+    from ..models.catalogue import load_pairs, pair_status
+    from .formatting import human_bytes, human_count, table
 
     pairs = [pair_status(p).to_json() for p in load_pairs().values()]
     models = _local_models()
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not models:
         print("no local models (localspec pull NAME|PAIR)")
         return 0
-    rows = [[m["name"], human_size(m["size"]), m["quantization"] or "-",
+    rows = [[m["name"], human_bytes(m["size"]), m["quantization"] or "-",
              human_count(m["parameters"]), m["architecture"] or (m["problem"] or "-")]
             for m in models]
     print(table(rows, ["MODEL", "SIZE", "QUANT", "PARAMS", "ARCH"]))

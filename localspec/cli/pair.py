@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from ..catalogue import add_user_pair, user_pairs_path
+    from ..models.catalogue import add_user_pair, user_pairs_path
 
     pair = add_user_pair(args.name, args.target, args.draft, args.draft_mode, why=args.why)
     print(f"saved pair {pair.name} ({pair.target} + {pair.draft}) to {user_pairs_path()}")
@@ -31,7 +31,7 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
-    from ..catalogue import remove_user_pair
+    from ..models.catalogue import remove_user_pair
 
     pair = remove_user_pair(args.name)
     print(f"removed pair {pair.name}")

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def models_to_pull(name: str) -> list[str]:
     """A pair's Ollama models (paths are skipped: nothing to pull), or the name itself."""
-    from ..catalogue import load_pairs
-    from ..model_ref import is_path_ref
+    from ..models.catalogue import load_pairs
+    from ..models.names import is_path_ref
 
     pair = load_pairs().get(name)
     if pair is None:
@@ -34,7 +34,7 @@ def models_to_pull(name: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pull import pull
+    from ..models.pull import pull
 
     for name in models_to_pull(args.name):
         with _ProgressBars() as bars:

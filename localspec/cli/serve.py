@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: the engine (llama_cpp) and the HTTP stack load only when serving.
     from ..engine import DraftSettings
     from ..loading import load_engine
-    from ..model_ref import display_name
+    from ..models.names import display_name
     from ..server import ServerConfig
     from ..server.app import create_app
     from ..server.running import serve

@@ -17,9 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..catalogue import suggest_drafts
-    from ..model_ref import display_name
-    from .formatting import human_count, human_size, table
+    from ..models.catalogue import suggest_drafts
+    from ..models.names import display_name
+    from .formatting import human_bytes, human_count, table
 
     found = suggest_drafts(args.target)
     if args.json:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no local model can draft for {display_name(args.target)} "
               "(pull a smaller sibling of the same family)")
         return 0
-    rows = [[s.name, human_size(s.size), human_count(s.parameter_count), s.quantization or "-",
+    rows = [[s.name, human_bytes(s.size), human_count(s.parameter_count), s.quantization or "-",
              f"{s.size_ratio:.1f}x"] for s in found]
     print(table(rows, ["DRAFT", "SIZE", "PARAMS", "QUANT", "SMALLER"]))
     print(f"\nsave one: localspec pair add NAME --target {args.target} --draft {found[0].name}")

@@ -138,7 +138,7 @@ class SpeculativeEngine:
              target_settings: ModelSettings = ModelSettings(),
              draft_settings: ModelSettings | None = None, k_max: int = 12) -> SpeculativeEngine:
         """Validate the files (and the pair), then load both models."""
-        from ..gguf_meta import read_gguf_info, validate_pair
+        from .gguf_meta import read_gguf_info, validate_pair
 
         if draft_path is not None:
             validate_pair(target_path, draft_path)

@@ -58,7 +58,7 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
     from ..chat_store import ChatStore
     from ..config import load_settings, save_settings
     from ..engine.llama_backend import route_llama_logs_to_logging
-    from ..library import DefaultLibrary
+    from ..models.library import DefaultLibrary
     from ..monitor import SystemMonitor
     from .app import LocalspecApp
 

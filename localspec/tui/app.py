@@ -22,8 +22,8 @@ from .. import paths
 from ..chat_store import ChatStore
 from ..config import Settings, model_settings
 from ..errors import LocalspecError
-from ..library import ModelLibrary, PairStatus
 from ..loading import EngineSpec
+from ..models.library import ModelLibrary, PairStatus
 from ..monitor import MachineSample, Monitor
 from .messages import ModelLoaded, ModelLoadFailed, SampleTaken
 from .screens.chat import ChatScreen

@@ -8,8 +8,8 @@ from typing import Any
 from textual.message import Message
 
 from ..engine import Finished, TextChunk
-from ..library import LocalModel, PairStatus
 from ..loading import EngineSpec
+from ..models.library import LocalModel, PairStatus
 from ..monitor import MachineSample
 
 

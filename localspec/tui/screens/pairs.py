@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
-from ...library import PairStatus
+from ...models.library import PairStatus
 from ..messages import EstimateReady, PairChecked, WorkFailed
 from ..widgets._format import human_bytes
 

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from ...formatting import human_bytes as _human_bytes
+
 
 def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "—"
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit in ("B", "KB") else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"  # pragma: no cover
+    return _human_bytes(n, missing="—")
 
 
 def bar(fraction: float | None, width: int = 18) -> Text:

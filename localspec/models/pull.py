@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import httpx
 
+from ..errors import ModelNotFoundError, PullError
 from . import ollama_store
-from .errors import ModelNotFoundError, PullError
 from .ollama_store import ModelName, ResolvedModel
 from .registry_client import PullProgress, pull_direct, registry_url
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import GGUFError, IncompatiblePairError
+from ..errors import GGUFError, IncompatiblePairError
 
 log = logging.getLogger(__name__)
 

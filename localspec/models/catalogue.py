@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -24,10 +23,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from . import ollama_store, paths
-from .errors import ConfigError, GGUFError, LocalspecError, ModelNotFoundError
-from .gguf_meta import check_pair, read_gguf_info, validate_pair
-from .model_ref import display_name, resolve_model
+from .. import paths
+from ..engine.gguf_meta import check_pair, read_gguf_info, validate_pair
+from ..errors import ConfigError, GGUFError, LocalspecError, ModelNotFoundError
+from ..files import atomic_write
+from . import ollama_store
+from .names import display_name, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def parse_pairs(text: str, label: str, source: Source) -> dict[str, Pair]:
 
 def shipped_pairs() -> dict[str, Pair]:
     """The curated catalogue shipped inside the package."""
-    text = resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8")
+    text = resources.files("localspec.models").joinpath("models.toml").read_text(encoding="utf-8")
     return parse_pairs(text, "localspec/models.toml (shipped)", "shipped")
 
 
@@ -180,15 +181,9 @@ def _write_user_pairs(pairs: dict[str, Pair]) -> None:
     import tomli_w
 
     path = user_pairs_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = tomli_w.dumps({"pair": [p.to_toml() for p in pairs.values()]})
     header = "# localspec user pairs (`localspec pair add`); merged over the shipped catalogue.\n"
-    tmp = path.with_name(f".{path.name}.partial")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(header + body)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, header + body)
 
 
 def add_user_pair(name: str, target: str, draft: str, draft_mode: str = "model",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .loading import EngineSpec
+from ..loading import EngineSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ class ModelLibrary(Protocol):
 
 def kv_cache_bytes(path: Path, n_ctx: int, bytes_per_value: int = 2) -> int:
     """K and V for every layer at ``n_ctx`` (f16), from the GGUF's attention shape."""
-    from .gguf_meta import read_gguf_info
+    from ..engine.gguf_meta import read_gguf_info
 
     return read_gguf_info(path).kv_cache_bytes(n_ctx, bytes_per_value)
 
@@ -134,10 +134,10 @@ class DefaultLibrary:
         delete(name)
 
     def inspect(self, ref: str) -> dict[str, Any]:
-        from .gguf_meta import read_gguf_info
-        from .loading import resolve_ref
+        from ..engine.gguf_meta import read_gguf_info
+        from .names import resolve_model
 
-        return read_gguf_info(resolve_ref(ref)).to_json()
+        return read_gguf_info(resolve_model(ref)).to_json()
 
     def suggest_drafts(self, target: str) -> list[str]:
         from .catalogue import suggest_drafts
@@ -146,12 +146,12 @@ class DefaultLibrary:
                 for s in suggest_drafts(target)]
 
     def estimate(self, spec: EngineSpec, free: int | None, where: str) -> MemoryEstimate:
-        from .loading import resolve_ref
+        from .names import resolve_model
 
         refs = [spec.target] + ([spec.draft] if spec.draft and spec.draft_mode == "model" else [])
         weights = kv = 0
         for i, ref in enumerate(refs):
-            path = resolve_ref(ref)
+            path = resolve_model(ref)
             settings = spec.target_settings if i == 0 else (spec.draft_settings
                                                             or spec.target_settings)
             weights += path.stat().st_size

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import GGUFError, ModelNotFoundError
+from ..errors import GGUFError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from typing import Any
 
 import httpx
 
-from .errors import GGUFError, ModelNotFoundError, PullError
+from ..errors import GGUFError, ModelNotFoundError, PullError
+from ..files import atomic_write, fsync_dir
 from .ollama_store import (
     MANIFEST_MEDIA_TYPE,
     ModelName,
@@ -64,33 +65,6 @@ def registry_url(name: ModelName, registry: str | None, insecure: bool) -> str:
     if url.startswith("http://") and not insecure:
         raise PullError(f"{url} is plain http; pass --insecure to pull from it")
     return url.rstrip("/")
-
-
-def _fsync_dir(folder: Path) -> None:
-    # The rename is durable only once the directory entry is on disk too.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``.<name>.partial`` next to ``path``, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A leading dot keeps the temporary name out of Ollama's tag namespace.
-    tmp = path.with_name(f".{path.name}.partial")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
@@ -194,7 +168,7 @@ class RegistryClient:
                             f"bytes, {actual[:19]}); the damaged download was discarded, pull "
                             "again or try another registry")
         os.replace(partial, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
         report(PullProgress(digest, size, size, "done"))
 
     def _stream_to(self, url: str, partial: Path, offset: int, hasher: Any, digest: str,
@@ -297,7 +271,7 @@ def pull_direct(name: ModelName, store: Path, *, base_url: str,
     report(PullProgress("", 0, 0, "writing manifest"))
     target = manifest_path(store, name)
     try:
-        write_atomic(target, raw)
+        atomic_write(target, raw)
     except OSError as exc:
         raise PullError(f"cannot write {target} ({exc.strerror}); free some space and pull "
                         "again") from exc

@@ -6,11 +6,12 @@ engine on any machine with no download. Their text is noise: the weights are see
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from ..files import replace_durably, temporary_name
 
 # A small word list so tokenized prompts and detokenized output look like text, not only bytes.
 _WORDS = (
@@ -100,7 +101,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     tokens, scores, types = vocabulary(spec)
     weights = _weights(spec, len(tokens))
     n_layer = spec.keep_layers if spec.keep_layers is not None else spec.n_layer
-    tmp = path.with_name(path.name + ".part")
+    tmp = temporary_name(path)
     writer = GGUFWriter(str(tmp), "llama")
     writer.add_name(spec.name)
     writer.add_file_type(LlamaFileType.ALL_F32)
@@ -133,7 +134,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    os.replace(tmp, path)
+    replace_durably(tmp, path)
     return path
 
 

@@ -1,0 +1,42 @@
+"""One way to name a model everywhere (run, bench, pairs): a ``.gguf`` path or an Ollama name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import GGUFError
+from . import ollama_store
+
+
+def is_path_ref(ref: str) -> bool:
+    """True when ``ref`` names a file rather than an Ollama model: it ends in ``.gguf``, starts
+    like a path (``/``, ``./``, ``../``, ``~``) or exists on disk."""
+    return (ref.lower().endswith(".gguf") or ref.startswith(("/", "./", "../", "~"))
+            or Path(ref).expanduser().exists())
+
+
+def resolve_model(ref: str) -> Path:
+    """The GGUF file for ``ref``: a path as is, otherwise an Ollama name's blob in the store.
+
+    The one resolver every command uses. Raises GGUFError for a path that is missing or not a
+    file, ModelNotFoundError for a name that is not in the store. The file itself is validated
+    by ``engine.gguf_meta`` before llama.cpp sees it.
+    """
+    if is_path_ref(ref):
+        path = Path(ref).expanduser()
+        if not path.exists():
+            raise GGUFError(f"{path}: no such file")
+        if not path.is_file():
+            raise GGUFError(f"{path}: not a file")
+        return path
+    return ollama_store.resolve(ref).gguf_path
+
+
+def display_name(ref: str) -> str:
+    """A short label: the file name for a path, Ollama's short form for a model name."""
+    if is_path_ref(ref):
+        return Path(ref).name
+    try:
+        return ollama_store.parse_name(ref).short
+    except Exception:  # an unparsable name is still shown as the user typed it
+        return ref
