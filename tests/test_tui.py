@@ -174,7 +174,7 @@ async def test_switch_pair_in_the_picker(make_app: Callable[..., LocalspecApp]) 
         await pilot.pause()
         assert app.screen.__class__.__name__ == "PairPickerScreen"
         table.move_cursor(row=table.get_row_index("tiny-lookup"))
-        await wait_for(pilot, lambda: "needs ~4.0 GB" in str(
+        await wait_for(pilot, lambda: "needs ~4.3 GB" in str(
             app.screen.query_one("#pair-detail").render()))
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.spec is not None and app.spec.pair_name == "tiny-lookup")
