@@ -62,7 +62,7 @@ def test_vocab_size_rule(target_gguf: Path) -> None:
     from dataclasses import replace
 
     t = read_gguf_info(target_gguf, with_tokens=True)
-    bigger = replace(t, vocab_size=t.vocab_size + 129, tokens=t.tokens)
+    bigger = replace(t, vocab_size=t.vocab_size + 129, vocab=t.vocab)
     assert any("sizes differ by 129" in p for p in check_pair(t, bigger).problems)
     slightly = replace(t, vocab_size=t.vocab_size + 128)
     assert check_pair(t, slightly).compatible

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..engine.gguf_meta import GGUFInfo, check_pair, read_gguf_info
+from ..engine.gguf_meta import GGUFInfo, pair_report, read_gguf_info
 from ..formatting import human_bytes, human_count
 from ..models.names import resolve_model
 
@@ -39,12 +39,9 @@ def _lines(info: GGUFInfo) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    with_tokens = args.draft is not None
-    info = read_gguf_info(resolve_model(args.model), with_tokens=with_tokens)
-    report = None
-    if args.draft:
-        draft = read_gguf_info(resolve_model(args.draft), with_tokens=True)
-        report = check_pair(info, draft)
+    path = resolve_model(args.model)
+    info = read_gguf_info(path)
+    report = pair_report(path, resolve_model(args.draft)) if args.draft else None
     if args.json:
         out = info.to_json()
         if report is not None:

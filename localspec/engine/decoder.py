@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -132,6 +132,7 @@ class SpeculativeEngine:
                      "build (a quantized target on a CPU); output stays the target's",
                      self.tie_margin / 2)
         self._lock = threading.Lock()
+        self._formatters: dict[str, Any] = {}
 
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None,
@@ -196,7 +197,8 @@ class SpeculativeEngine:
             return 0.0
         head, tail = seq[:-n], seq[-n:]
         self.target.sync(head, 1)
-        single = [self.target.decode([t], 1)[0] for t in tail]
+        # Copies: decode returns views of llama.cpp's buffer, overwritten by the next decode.
+        single = [self.target.decode([t], 1)[0].copy() for t in tail]
         self.target.truncate(len(head))
         batched = self.target.decode(tail, n)
         self.target.reset()
@@ -209,24 +211,24 @@ class SpeculativeEngine:
         """Render chat messages with the target's own chat template."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        meta = self.target.metadata
-        template = meta.get("tokenizer.chat_template")
+        template = self.target.chat_template
         if not template:
             log.warning("%s has no chat template; sending the last message as plain text",
                         self.target.path.name)
             return messages[-1]["content"]
-        def token_text(key: str) -> str:
-            tid = meta.get(key)
-            return self.target.piece(int(tid)).decode("utf-8", "replace") if tid else ""
-        fmt = Jinja2ChatFormatter(template=template,
-                                  eos_token=token_text("tokenizer.ggml.eos_token_id"),
-                                  bos_token=token_text("tokenizer.ggml.bos_token_id"))
+        fmt = self._formatters.get(template)
+        if fmt is None:  # compiling a Jinja template costs milliseconds: once per engine
+            fmt = Jinja2ChatFormatter(
+                template=template,
+                eos_token=self.target.piece(self.target.eos_token).decode("utf-8", "replace"),
+                bos_token=self.target.piece(self.target.bos_token).decode("utf-8", "replace"))
+            self._formatters[template] = fmt
         return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
 
     def tokenize(self, text: str, *, chat: bool) -> tuple[int, ...]:
         """Tokenize a prompt. A chat-rendered prompt may already start with the BOS text."""
         toks = self.target.tokenize(text, add_bos=self.target.add_bos, special=chat)
-        bos = self.target.llm.token_bos()
+        bos = self.target.bos_token
         if len(toks) > 1 and toks[0] == bos and toks[1] == bos:
             toks = toks[1:]
         return tuple(toks)

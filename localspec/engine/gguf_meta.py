@@ -1,18 +1,33 @@
 """GGUF metadata without loading weights, file validation, and the draft/target pair rule.
 
-Everything here reads the file with the ``gguf`` package's reader (a memory map; no weights are
-touched beyond their extents) so that nothing malformed ever reaches llama.cpp, which aborts the
-whole process on some corrupt inputs instead of returning an error.
+Files are parsed here, by a streaming reader over a memory map, before llama.cpp ever sees them:
+llama.cpp aborts the whole process on some malformed inputs instead of returning an error. The
+reader reads only what it needs: no Python object per vocabulary token (a 152k-token vocabulary
+is skipped or compared as raw bytes), so ``inspect`` on a real model takes milliseconds, not the
+seconds the ``gguf`` package's reader takes building a numpy view per token.
+
+Every command that judges a file (run, bench, serve, inspect, list, pair add, suggest, the chat
+app's picker) calls :func:`read_gguf_info`, so they agree on what is valid. Results are cached per
+file identity (path, size, mtime, inode): a changed file is read again, a stale or corrupt cache
+entry is ignored.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-from dataclasses import dataclass, field
+import mmap
+import struct
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .. import paths
 from ..errors import GGUFError, IncompatiblePairError
+from ..files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +37,30 @@ VOCAB_CHECK_START_ID = 5
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 # Architectures that are not text generators even though they are GGUF files.
 NON_TEXT_ARCHITECTURES = {"clip", "mmproj", "bert", "nomic-bert", "jina-bert-v2", "t5encoder"}
+# Weight types llama.cpp never repacks (see engine/repack.py): everything else is quantized.
+UNQUANTIZED_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
+# Bumped whenever GGUFInfo or the validation changes: older cache entries are then ignored.
+CACHE_VERSION = 3
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTable:
+    """A vocabulary as GGUF stores it: ``(u64 length, bytes)`` records, kept as one raw byte
+    string and the offset of each record, so two vocabularies compare with ``bytes`` equality."""
+
+    raw: bytes
+    offsets: array  # len(tokens) + 1 entries into ``raw``
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def token(self, i: int) -> bytes:
+        return self.raw[self.offsets[i] + 8:self.offsets[i + 1]]
+
+    def span(self, start: int, stop: int) -> bytes:
+        """Records ``start`` to ``stop - 1``, raw (lengths included)."""
+        return self.raw[self.offsets[start]:self.offsets[stop]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +86,9 @@ class GGUFInfo:
     has_chat_template: bool
     head_count: int | None = None
     head_count_kv: int | None = None
-    tokens: tuple[bytes, ...] = field(repr=False, compare=False, default=())
+    quantized: bool = False
+    tensor_count: int = 0
+    vocab: TokenTable | None = field(repr=False, compare=False, default=None)
 
     def kv_cache_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
         """K and V of every layer at ``n_ctx`` tokens (f16 cache), from the attention shape."""
@@ -58,27 +99,15 @@ class GGUFInfo:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (no token list)."""
-        return {
-            "path": str(self.path),
-            "file_size": self.file_size,
-            "architecture": self.architecture,
-            "name": self.name,
-            "parameter_count": self.parameter_count,
-            "file_type": self.file_type,
-            "context_length": self.context_length,
-            "block_count": self.block_count,
-            "embedding_length": self.embedding_length,
-            "tokenizer_model": self.tokenizer_model,
-            "tokenizer_pre": self.tokenizer_pre,
-            "vocab_size": self.vocab_size,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "add_bos_token": self.add_bos_token,
-            "add_eos_token": self.add_eos_token,
-            "has_chat_template": self.has_chat_template,
-            "head_count": self.head_count,
-            "head_count_kv": self.head_count_kv,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vocab"}
+        out["path"] = str(self.path)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GGUFInfo:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name != "vocab"}
+        values["path"] = Path(values["path"])
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,73 +125,260 @@ class PairReport:
             )
 
 
+# -- the streaming reader -----------------------------------------------------------------------
+class _Corrupt(Exception):
+    """Raised inside the parser; turned into one GGUFError line naming the file."""
+
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+# GGUF value types: (struct format, size) for scalars; 8 = string, 9 = array.
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4),
+            5: ("<i", 4), 6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8),
+            12: ("<d", 8)}
+_STRING, _ARRAY = 8, 9
+_KEEP_ARRAY_MAX = 4096  # numeric arrays kept as values (per-layer head counts); longer: skipped
+_KEEP_STRING_MAX = 1 << 20  # strings kept as values (chat templates); longer: skipped
+
+
+class _Reader:
+    """Bounds-checked reads from a memory-mapped GGUF file."""
+
+    def __init__(self, buf: mmap.mmap, size: int) -> None:
+        self.buf = buf
+        self.size = size
+        self.pos = 0
+
+    def need(self, n: int) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise _Corrupt(f"it ends at byte {self.size} while reading {n} bytes at {self.pos}")
+
+    def u32(self) -> int:
+        self.need(4)
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(v)
+
+    def u64(self) -> int:
+        self.need(8)
+        (v,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(v)
+
+    def string(self) -> bytes:
+        n = self.u64()
+        self.need(n)
+        s = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return s
+
+    def skip_string(self) -> None:
+        n = self.u64()
+        self.need(n)
+        self.pos += n
+
+    def scalar(self, vtype: int) -> Any:
+        fmt, n = _SCALARS[vtype]
+        self.need(n)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def string_array(self, count: int, keep_offsets: bool) -> TokenTable | None:
+        """Walk ``count`` string records; return them as a TokenTable when asked."""
+        start = self.pos
+        unpack, buf, size = _U64.unpack_from, self.buf, self.size
+        pos = start
+        offsets = array("Q", [0]) if keep_offsets else None
+        for _ in range(count):
+            if pos + 8 > size:
+                raise _Corrupt("a string array runs past the end of the file")
+            pos += 8 + unpack(buf, pos)[0]
+            if offsets is not None:
+                offsets.append(pos - start)
+        if pos > size:
+            raise _Corrupt("a string array runs past the end of the file")
+        self.pos = pos
+        if offsets is None:
+            return None
+        return TokenTable(bytes(buf[start:pos]), offsets)
+
+
+def _value(r: _Reader, vtype: int, key: str, want_tokens: bool) -> Any:
+    if vtype in _SCALARS:
+        return r.scalar(vtype)
+    if vtype == _STRING:
+        n_start = r.pos
+        n = r.u64()
+        if n > _KEEP_STRING_MAX:
+            r.need(n)
+            r.pos += n
+            return "<long string>"
+        r.pos = n_start
+        return r.string().decode("utf-8", "replace")
+    if vtype != _ARRAY:
+        raise _Corrupt(f"metadata key {key} has unknown type {vtype}")
+    item_type, count = r.u32(), r.u64()
+    if item_type == _STRING:
+        # Each record is at least 8 bytes: a count beyond that is corrupt, not a long loop.
+        r.need(count * 8)
+        table = r.string_array(count, keep_offsets=want_tokens and key == "tokenizer.ggml.tokens")
+        return _ArrayInfo(count, table)
+    if item_type not in _SCALARS:
+        raise _Corrupt(f"metadata key {key} is an array of unknown type {item_type}")
+    fmt, size = _SCALARS[item_type]
+    r.need(count * size)
+    if count <= _KEEP_ARRAY_MAX:
+        values = list(struct.unpack_from(f"<{count}{fmt[1]}", r.buf, r.pos))
+        r.pos += count * size
+        return values
+    r.pos += count * size
+    return _ArrayInfo(count, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _ArrayInfo:
+    count: int
+    table: TokenTable | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Tensor:
+    name: str
+    n_elements: int
+    type_name: str
+    offset: int
+    n_bytes: int
+
+
+def _ggml_sizes() -> dict[int, tuple[str, int, int]]:
+    """ggml type id -> (name, values per block, bytes per block), from the gguf package."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # deferred: pulls in numpy
+
+    return {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType
+            if t in GGML_QUANT_SIZES}
+
+
+def _tensor(r: _Reader, sizes: dict[int, tuple[str, int, int]]) -> _Tensor:
+    name = r.string().decode("utf-8", "replace")
+    n_dims = r.u32()
+    if not 1 <= n_dims <= _MAX_DIMS:
+        raise _Corrupt(f"tensor {name} has {n_dims} dimensions")
+    dims = [r.u64() for _ in range(n_dims)]
+    ttype = r.u32()
+    offset = r.u64()
+    if ttype not in sizes:
+        raise _Corrupt(f"tensor {name} has unknown type {ttype}")
+    type_name, block, block_bytes = sizes[ttype]
+    n = 1
+    for d in dims:
+        if d == 0 or d > 1 << 40:
+            raise _Corrupt(f"tensor {name} has an impossible shape {dims}")
+        n *= d
+    if dims[0] % block:
+        raise _Corrupt(f"tensor {name}: {dims[0]} values per row do not fill {type_name} blocks")
+    return _Tensor(name, n, type_name, offset, n // block * block_bytes)
+
+
+def _align(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def _parse(path: Path, buf: mmap.mmap, size: int, want_tokens: bool
+           ) -> tuple[dict[str, Any], list[_Tensor]]:
+    r = _Reader(buf, size)
+    r.need(4)
+    r.pos = 4  # magic, checked by the caller
+    version = r.u32()
+    if version not in (2, 3):
+        raise _Corrupt(f"unsupported GGUF version {version}")
+    n_tensors, n_kv = r.u64(), r.u64()
+    # Every entry takes bytes: counts the file cannot hold are corruption, not long loops.
+    if n_kv * 13 > size or n_tensors * 25 > size:
+        raise _Corrupt(f"it claims {n_kv} metadata keys and {n_tensors} tensors")
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string().decode("utf-8", "replace")
+        meta[key] = _value(r, r.u32(), key, want_tokens)
+    sizes = _ggml_sizes()
+    tensors = [_tensor(r, sizes) for _ in range(n_tensors)]
+    alignment = meta.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise _Corrupt(f"general.alignment is {alignment!r}, not a power of two")
+    _check_layout(path, tensors, _align(r.pos, alignment), alignment, size)
+    return meta, tensors
+
+
+def _check_layout(path: Path, tensors: list[_Tensor], data_start: int, alignment: int,
+                  file_size: int) -> None:
+    """llama.cpp's own rule (tensor data back to back, each padded to the alignment), then that
+    the data ends where the file ends: a file whose tensor count was lowered, or with bytes
+    appended (a download written twice), is caught here, not by llama.cpp later."""
+    expected = 0
+    for t in tensors:
+        if t.offset != expected:
+            raise _Corrupt(f"tensor {t.name} starts at offset {t.offset}, expected {expected} "
+                           "(a damaged tensor table)")
+        end = data_start + t.offset + t.n_bytes
+        if end > file_size:
+            raise GGUFError(f"{path}: truncated: tensor {t.name} ends at byte {end} but the file "
+                            f"has {file_size} bytes (an interrupted download?)")
+        expected += _align(t.n_bytes, alignment)
+    extra = file_size - (data_start + expected)
+    if extra > 0:
+        raise GGUFError(f"{path}: damaged: {extra} bytes after the last tensor belong to no "
+                        "tensor (a wrong tensor count, or bytes appended to a download); "
+                        "download it again")
+
+
+# -- validation and metadata --------------------------------------------------------------------
 def _check_header(path: Path) -> int:
     if not path.exists():
         raise GGUFError(f"{path}: no such file")
     if not path.is_file():
         raise GGUFError(f"{path}: not a file")
     size = path.stat().st_size
-    with path.open("rb") as fh:
-        magic = fh.read(4)
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise GGUFError(f"{path}: cannot read it ({exc.strerror})") from exc
     if magic != GGUF_MAGIC:
         raise GGUFError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
     return size
 
 
-def _open_reader(path: Path) -> Any:
-    # Imported here: gguf pulls in numpy, which `localspec --help` should not pay for.
-    from gguf import GGUFReader
-
+def _read_file(path: Path, size: int, want_tokens: bool) -> tuple[dict[str, Any], list[_Tensor]]:
     try:
-        return GGUFReader(path, "r")
-    except Exception as exc:  # the reader raises many kinds on malformed input
-        raise GGUFError(f"{path}: corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from exc
-
-
-def _scalar(reader: Any, key: str) -> Any:
-    fld = reader.get_field(key)
-    if fld is None:
-        return None
-    try:
-        value = fld.contents()
-    except Exception as exc:
-        raise GGUFError(f"{reader.data.filename}: metadata key {key} is unreadable") from exc
-    return value
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(path, buf, size, want_tokens)
+    except _Corrupt as exc:
+        raise GGUFError(f"{path}: corrupt or truncated GGUF ({exc})") from None
+    except (ValueError, OSError, struct.error, UnicodeError, MemoryError) as exc:
+        raise GGUFError(f"{path}: corrupt or truncated GGUF ({type(exc).__name__}: {exc})"
+                        ) from None
 
 
 def _file_type_name(value: Any) -> str | None:
-    if value is None:
+    if not isinstance(value, int):
         return None
     from gguf import LlamaFileType
 
     try:
-        return LlamaFileType(int(value)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        return LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
-        return f"type {int(value)}"
+        return f"type {value}"
 
 
-def _check_tensor_extents(path: Path, reader: Any, file_size: int) -> int:
-    params = 0
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > file_size:
-            raise GGUFError(
-                f"{path}: truncated: tensor {tensor.name} ends at byte {end} but the file has "
-                f"{file_size} bytes (an interrupted download?)"
-            )
-        params += int(tensor.n_elements)
-    if not reader.tensors:
-        raise GGUFError(f"{path}: the GGUF file holds no tensors (not a model)")
-    return params
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _largest(value: Any) -> int | None:
     """Head counts are per-layer arrays in some architectures; the largest bounds the cache."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return max(int(v) for v in value) if value else None
-    return int(value)
+    if isinstance(value, list):
+        return max((int(v) for v in value), default=None)
+    return _int(value)
 
 
 def _default_add_bos(tokenizer_model: str | None) -> bool:
@@ -170,52 +386,93 @@ def _default_add_bos(tokenizer_model: str | None) -> bool:
     return tokenizer_model in {"llama", "t5"}
 
 
-def read_gguf_info(path: str | Path, *, with_tokens: bool = False) -> GGUFInfo:
-    """Validate ``path`` and return its metadata. Raises GGUFError with a one-line reason."""
-    path = Path(path).expanduser()
-    size = _check_header(path)
-    reader = _open_reader(path)
-    params = _check_tensor_extents(path, reader, size)
-    arch = _scalar(reader, "general.architecture")
-    if not arch:
+def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -> GGUFInfo:
+    if not tensors:
+        raise GGUFError(f"{path}: the GGUF file holds no tensors (not a model)")
+    arch = meta.get("general.architecture")
+    if not arch or not isinstance(arch, str):
         raise GGUFError(f"{path}: no general.architecture in its metadata (not a model file)")
     if arch in NON_TEXT_ARCHITECTURES:
         raise GGUFError(f"{path}: a '{arch}' model (projector or encoder), not a text generator")
-    tok_model = _scalar(reader, "tokenizer.ggml.model")
-    tokens_field = reader.get_field("tokenizer.ggml.tokens")
-    if tok_model is None or tokens_field is None:
+    tok_model = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tok_model, str) or not isinstance(tokens, _ArrayInfo):
         raise GGUFError(f"{path}: no tokenizer in its metadata; localspec cannot run it")
-    tokens: tuple[bytes, ...] = ()
-    if with_tokens:
-        tokens = tuple(bytes(tokens_field.parts[i]) for i in tokens_field.data)
-    add_bos = _scalar(reader, "tokenizer.ggml.add_bos_token")
-    add_eos = _scalar(reader, "tokenizer.ggml.add_eos_token")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    add_eos = meta.get("tokenizer.ggml.add_eos_token")
+    name = meta.get("general.name")
+    pre = meta.get("tokenizer.ggml.pre")
     return GGUFInfo(
         path=path,
         file_size=size,
-        architecture=str(arch),
-        name=_scalar(reader, "general.name"),
-        parameter_count=params,
-        file_type=_file_type_name(_scalar(reader, "general.file_type")),
-        context_length=_scalar(reader, f"{arch}.context_length"),
-        block_count=_scalar(reader, f"{arch}.block_count"),
-        embedding_length=_scalar(reader, f"{arch}.embedding_length"),
-        tokenizer_model=str(tok_model),
-        tokenizer_pre=_scalar(reader, "tokenizer.ggml.pre"),
-        vocab_size=len(tokens_field.data),
-        bos_token_id=_scalar(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_scalar(reader, "tokenizer.ggml.eos_token_id"),
-        add_bos_token=bool(add_bos) if add_bos is not None else _default_add_bos(str(tok_model)),
+        architecture=arch,
+        name=name if isinstance(name, str) else None,
+        parameter_count=sum(t.n_elements for t in tensors),
+        file_type=_file_type_name(meta.get("general.file_type")),
+        context_length=_int(meta.get(f"{arch}.context_length")),
+        block_count=_int(meta.get(f"{arch}.block_count")),
+        embedding_length=_int(meta.get(f"{arch}.embedding_length")),
+        tokenizer_model=tok_model,
+        tokenizer_pre=pre if isinstance(pre, str) else None,
+        vocab_size=tokens.count,
+        bos_token_id=_int(meta.get("tokenizer.ggml.bos_token_id")),
+        eos_token_id=_int(meta.get("tokenizer.ggml.eos_token_id")),
+        add_bos_token=bool(add_bos) if add_bos is not None else _default_add_bos(tok_model),
         add_eos_token=bool(add_eos) if add_eos is not None else False,
-        has_chat_template=reader.get_field("tokenizer.chat_template") is not None,
-        head_count=_largest(_scalar(reader, f"{arch}.attention.head_count")),
-        head_count_kv=_largest(_scalar(reader, f"{arch}.attention.head_count_kv")),
-        tokens=tokens,
+        has_chat_template="tokenizer.chat_template" in meta,
+        head_count=_largest(meta.get(f"{arch}.attention.head_count")),
+        head_count_kv=_largest(meta.get(f"{arch}.attention.head_count_kv")),
+        quantized=any(t.type_name not in UNQUANTIZED_TYPES for t in tensors),
+        tensor_count=len(tensors),
+        vocab=tokens.table,
     )
 
 
+def read_gguf_info(path: str | Path, *, with_tokens: bool = False) -> GGUFInfo:
+    """Validate ``path`` and return its metadata. Raises GGUFError with a one-line reason.
+
+    ``with_tokens`` also returns the vocabulary (for the pair rule); without it a validated
+    file's metadata comes from the cache when the file is unchanged.
+    """
+    path = Path(path).expanduser()
+    size = _check_header(path)
+    identity = file_identity(path)
+    if not with_tokens:
+        cached = _cache_get("gguf", identity)
+        if cached is not None:
+            try:
+                return GGUFInfo.from_json(cached)
+            except (KeyError, TypeError, ValueError):
+                pass  # an entry of another shape: read the file
+    meta, tensors = _read_file(path, size, with_tokens)
+    info = _info(path, size, meta, tensors)
+    _cache_put("gguf", identity, info.to_json())
+    return info
+
+
+def has_quantized_weights(path: str | Path) -> bool:
+    """Whether any tensor is quantized (what llama.cpp's repacking applies to)."""
+    return read_gguf_info(path).quantized
+
+
+# -- the pair rule ------------------------------------------------------------------------------
 def _show(token: bytes) -> str:
     return repr(token.decode("utf-8", errors="replace"))
+
+
+def _first_difference(a: TokenTable, b: TokenTable, start: int, stop: int) -> int | None:
+    """The first id in [start, stop) whose token differs, comparing raw spans (no loop over
+    tokens unless they differ; then a bisection over spans)."""
+    if start >= stop or a.span(start, stop) == b.span(start, stop):
+        return None
+    lo, hi = start, stop  # the first difference is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.span(lo, mid) == b.span(lo, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def check_pair(target: GGUFInfo, draft: GGUFInfo, max_problems: int = 3) -> PairReport:
@@ -248,20 +505,82 @@ def check_pair(target: GGUFInfo, draft: GGUFInfo, max_problems: int = 3) -> Pair
             f"vocabulary sizes differ by {diff} ({target.vocab_size} vs {draft.vocab_size}; "
             f"at most {VOCAB_MAX_SIZE_DIFFERENCE} allowed)"
         )
-    if target.tokens and draft.tokens:
-        limit = min(len(target.tokens), len(draft.tokens))
-        for i in range(VOCAB_CHECK_START_ID, limit):
-            if target.tokens[i] != draft.tokens[i]:
-                problems.append(
-                    f"token {i} differs ({_show(target.tokens[i])} vs {_show(draft.tokens[i])})"
-                )
-                break
+    if target.vocab is not None and draft.vocab is not None:
+        limit = min(len(target.vocab), len(draft.vocab))
+        i = _first_difference(target.vocab, draft.vocab, VOCAB_CHECK_START_ID, limit)
+        if i is not None:
+            problems.append(f"token {i} differs ({_show(target.vocab.token(i))} vs "
+                            f"{_show(draft.vocab.token(i))})")
     return PairReport(compatible=not problems, problems=tuple(problems[:max_problems]))
+
+
+def pair_report(target_path: str | Path, draft_path: str | Path) -> PairReport:
+    """Validate both files and apply the pair rule; cached per pair of file identities.
+
+    Raises GGUFError when either file is invalid."""
+    target_path, draft_path = Path(target_path).expanduser(), Path(draft_path).expanduser()
+    _check_header(target_path)
+    _check_header(draft_path)
+    identity = file_identity(target_path) + "\n" + file_identity(draft_path)
+    cached = _cache_get("pair", identity)
+    if cached is not None:
+        try:
+            return PairReport(bool(cached["compatible"]), tuple(map(str, cached["problems"])))
+        except (KeyError, TypeError):
+            pass
+    report = check_pair(read_gguf_info(target_path, with_tokens=True),
+                        read_gguf_info(draft_path, with_tokens=True))
+    _cache_put("pair", identity, {"compatible": report.compatible,
+                                  "problems": list(report.problems)})
+    return report
 
 
 def validate_pair(target_path: str | Path, draft_path: str | Path) -> tuple[GGUFInfo, GGUFInfo]:
     """Validate both files and the pair rule; raise a LocalspecError with one line if refused."""
-    target = read_gguf_info(target_path, with_tokens=True)
-    draft = read_gguf_info(draft_path, with_tokens=True)
-    check_pair(target, draft).raise_if_incompatible(target.path, draft.path)
+    report = pair_report(target_path, draft_path)
+    target, draft = read_gguf_info(target_path), read_gguf_info(draft_path)
+    report.raise_if_incompatible(target.path, draft.path)
     return target, draft
+
+
+# -- the cache ----------------------------------------------------------------------------------
+def file_identity(path: Path) -> str:
+    """What makes a cached judgement of a file still true: its path, size, mtime and inode."""
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_dev}"
+
+
+def _cache_path(kind: str, identity: str) -> Path:
+    digest = hashlib.sha256(f"{kind}\n{identity}".encode()).hexdigest()[:40]
+    return paths.cache_dir() / "files" / f"{kind}-{digest}.json"
+
+
+def _cache_get(kind: str, identity: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(_cache_path(kind, identity).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION \
+            or data.get("identity") != identity or not isinstance(data.get("value"), dict):
+        return None
+    value: dict[str, Any] = data["value"]
+    return value
+
+
+def _cache_put(kind: str, identity: str, value: dict[str, Any]) -> None:
+    try:
+        atomic_write(_cache_path(kind, identity),
+                     json.dumps({"version": CACHE_VERSION, "identity": identity,
+                                 "value": value}))
+    except OSError as exc:  # a read-only cache only costs speed
+        log.debug("cannot cache %s: %s", kind, exc)
+
+
+def iter_cache_files() -> Iterator[Path]:
+    """Every cache file this module wrote (for tests and `doctor`)."""
+    folder = paths.cache_dir() / "files"
+    return iter(sorted(folder.glob("*.json"))) if folder.is_dir() else iter(())
+
+
+__all__ = ["GGUFInfo", "PairReport", "TokenTable", "check_pair", "file_identity",
+           "has_quantized_weights", "pair_report", "read_gguf_info", "validate_pair"]

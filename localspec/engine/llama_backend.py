@@ -1,9 +1,15 @@
 """One llama.cpp model and context with explicit control of its KV cache.
 
-This is the only module that touches llama-cpp-python below the ``Llama`` class. ``Llama`` loads
-the model, context and tokenizer; decoding goes through llama.cpp's C API directly because
-``Llama.eval`` either keeps logits for one position or (``logits_all=True``) for the whole context,
-an n_ctx x n_vocab buffer. Verification needs logits for exactly the K+1 drafted positions.
+This is the only module that calls llama.cpp. It loads models and contexts through llama.cpp's C
+API (as exposed by llama-cpp-python's ctypes bindings) rather than through ``Llama`` because:
+
+* ``Llama`` gives no way to set ``llama_model_params.use_extra_bufts`` (llama.cpp's
+  ``--no-repack``), which some CPUs need to run quantized models at all (see ``repack.py``);
+* ``Llama.eval`` keeps logits for one position, or (``logits_all=True``) for the whole context,
+  an n_ctx x n_vocab buffer; verification needs logits for exactly the K+1 drafted positions;
+* ``Llama.__init__`` also reads every metadata key and compiles chat-format handlers, time a
+  user pays at every start for nothing the engine uses.
+
 Checked against llama-cpp-python 0.3.36 (llama.cpp memory API ``llama_memory_seq_rm``).
 """
 
@@ -17,11 +23,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
+from . import activity
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("localspec.llama_cpp")
@@ -29,6 +36,11 @@ _llama_log = logging.getLogger("localspec.llama_cpp")
 _LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
                4: logging.ERROR, 5: logging.DEBUG}
 _log_callback: Any = None  # keeps the ctypes callback alive for as long as llama.cpp may call it
+_backend_ready = False
+# llama.cpp reports why a load failed only in its log; the last error line goes into our message.
+_last_error: list[str] = [""]
+
+RepackMode = Literal["auto", "on", "off"]
 
 
 def route_llama_logs_to_logging() -> None:
@@ -42,21 +54,38 @@ def route_llama_logs_to_logging() -> None:
     def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         msg = text.decode("utf-8", errors="replace").rstrip()
         if msg:
+            if level == 4:
+                _last_error[0] = msg
             _llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", msg)
 
     _log_callback = _callback
     llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
+def _init_backend() -> Any:
+    global _backend_ready
+    import llama_cpp  # deferred: importing llama_cpp loads the shared library
+
+    route_llama_logs_to_logging()
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    return llama_cpp
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
-    """How to load one model: offload, context and threads are per model."""
+    """How to load one model: offload, context and threads are per model.
+
+    ``repack`` is llama.cpp's "extra buffer types" (repacked and AMX CPU kernels for quantized
+    weights): ``auto`` uses them where this machine's self-test says they work."""
 
     n_gpu_layers: int = 0
     n_ctx: int = 4096
     n_threads: int | None = None
     n_batch: int = 512
     flash_attn: bool = False
+    repack: RepackMode = "auto"
 
 
 def default_threads() -> int:
@@ -70,47 +99,95 @@ def default_threads() -> int:
 
 
 class LlamaRunner:
-    """A loaded model whose KV cache holds exactly ``self.tokens`` (sequence 0)."""
+    """A loaded model whose KV cache holds exactly ``self.tokens`` (sequence 0).
 
-    def __init__(self, path: str | Path, settings: ModelSettings = ModelSettings()) -> None:
-        route_llama_logs_to_logging()
-        from llama_cpp import Llama  # deferred: importing llama_cpp loads the shared library
+    ``extra_bufts`` overrides the repack decision (``settings.repack``) when given.
+    """
 
-        threads = settings.n_threads or default_threads()
-        try:
-            self.llm = Llama(
-                model_path=str(path),
-                n_gpu_layers=settings.n_gpu_layers,
-                n_ctx=settings.n_ctx,
-                n_batch=settings.n_batch,
-                n_ubatch=settings.n_batch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                flash_attn=settings.flash_attn,
-                logits_all=False,
-                verbose=False,
-            )
-        except Exception as exc:  # llama-cpp-python raises ValueError for most load failures
-            raise ModelLoadError(f"{path}: llama.cpp could not load it ({exc})") from exc
-        import llama_cpp
-
-        self._lib = llama_cpp
+    def __init__(self, path: str | Path, settings: ModelSettings = ModelSettings(),
+                 *, extra_bufts: bool | None = None) -> None:
+        lib = _init_backend()
+        self._lib = lib
         self.path = Path(path)
         self.settings = settings
-        self.n_ctx = self.llm.n_ctx()
+        from .repack import RepackDecision, repack_decision
+
+        if extra_bufts is None:
+            from .gguf_meta import has_quantized_weights
+
+            self.repack = repack_decision(settings.repack, has_quantized_weights(self.path))
+        else:
+            self.repack = RepackDecision(extra_bufts, "forced", "set by the caller")
+        extra_bufts = self.repack.use_extra_bufts
+        threads = settings.n_threads or default_threads()
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        with activity.doing("loading", self.path):
+            self._model = self._load_model(settings, extra_bufts)
+            try:
+                self._ctx = self._new_context(settings, threads)
+            except BaseException:
+                lib.llama_model_free(self._model)
+                self._model = None
+                raise
         # llama.cpp clamps n_batch to n_ctx; chunk by what the context really accepts.
-        self.n_batch = int(llama_cpp.llama_n_batch(self.llm.ctx))
-        self._ctx = self.llm.ctx
-        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
+        self.n_batch = int(lib.llama_n_batch(self._ctx))
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
-        llama_cpp.llama_memory_clear(self._mem, True)
+        # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
+        self.decode_seconds = 0.0
+        self.decode_calls = 0
+        lib.llama_memory_clear(self._mem, True)
+
+    def _load_model(self, settings: ModelSettings, extra_bufts: bool) -> Any:
+        lib = self._lib
+        params = lib.llama_model_default_params()
+        # INT32_MAX: llama.cpp's "every layer" (it clamps to the model's layer count).
+        params.n_gpu_layers = 0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
+        params.use_extra_bufts = extra_bufts
+        _last_error[0] = ""
+        model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            reason = _last_error[0].split(": ", 1)[-1] or "no reason given"
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load it ({reason})")
+        return model
+
+    def _new_context(self, settings: ModelSettings, threads: int) -> Any:
+        lib = self._lib
+        params = lib.llama_context_default_params()
+        params.n_ctx = settings.n_ctx
+        params.n_batch = settings.n_batch
+        params.n_ubatch = settings.n_batch
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn
+                                  else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.no_perf = True
+        ctx = lib.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise ModelLoadError(f"{self.path}: llama.cpp could not create a context of "
+                                 f"{settings.n_ctx} tokens (out of memory? try a smaller --ctx)")
+        return ctx
 
     # -- vocabulary ---------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (self._lib.llama_token * n_max)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_bos, special)
+        if n < 0:  # the buffer was too small: -n is what it needs
+            n_max = -n
+            buf = (self._lib.llama_token * n_max)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_bos,
+                                         special)
+        if n < 0:
+            raise ValueError(f"the text could not be tokenized ({len(data)} bytes)")
+        return list(buf[:n])
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token as it continues a text (leading space kept).
@@ -131,8 +208,30 @@ class LlamaRunner:
         return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
 
     @property
-    def metadata(self) -> dict[str, str]:
-        return dict(self.llm.metadata)
+    def bos_token(self) -> int:
+        return int(self._lib.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos_token(self) -> int:
+        return int(self._lib.llama_vocab_eos(self._vocab))
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own chat template (``tokenizer.chat_template``), if it has one."""
+        raw = self._lib.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def meta(self, key: str) -> str | None:
+        """One metadata value as text (llama.cpp's rendering), or None when absent."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
 
     # -- KV cache -----------------------------------------------------------------------------
     def truncate(self, n: int) -> None:
@@ -157,7 +256,9 @@ class LlamaRunner:
     def decode(self, new_tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Append ``new_tokens`` to the KV cache; return logits of the last ``n_logits`` of them.
 
-        Returns an array of shape (n_logits, n_vocab), copied out of llama.cpp's buffer.
+        Returns an (n_logits, n_vocab) float32 array that is a *view* of llama.cpp's own logits
+        buffer (no copy: on a fast GPU a copy of a 152k vocabulary per step is measurable). It
+        is valid until the next decode on this runner; callers that keep logits copy them.
         """
         if not new_tokens:
             raise ValueError("decode needs at least one token")
@@ -172,14 +273,17 @@ class LlamaRunner:
         while start < len(new_tokens):
             chunk = new_tokens[start:start + self.n_batch]
             self._fill_batch(chunk, len(self.tokens), first_logit - start)
+            t0 = time.perf_counter()
             rc = self._lib.llama_decode(self._ctx, self._batch)
+            self.decode_seconds += time.perf_counter() - t0
+            self.decode_calls += 1
             if rc != 0:
                 # Leave the cache as it was: a failed decode may have written part of the chunk.
                 self._lib.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1)
                 raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
             self.tokens.extend(chunk)
             start += len(chunk)
-        return self._read_logits(n_logits)
+        return self._logits_view(n_logits)
 
     def _fill_batch(self, chunk: Sequence[int], pos0: int, first_logit: int) -> None:
         b = self._batch
@@ -191,12 +295,22 @@ class LlamaRunner:
             b.seq_id[i][0] = 0
             b.logits[i] = i >= first_logit
 
-    def _read_logits(self, n_logits: int) -> np.ndarray:
+    def _logits_view(self, n_logits: int) -> np.ndarray:
+        # Negative indices count from the end of the last decoded batch. With one sequence the
+        # requested rows are consecutive in llama.cpp's output buffer; checked, not assumed.
+        first = self._lib.llama_get_logits_ith(self._ctx, -n_logits)
+        row_bytes = self.n_vocab * 4
+        base = ctypes.cast(first, ctypes.c_void_p).value
+        contiguous = all(
+            ctypes.cast(self._lib.llama_get_logits_ith(self._ctx, j - n_logits),
+                        ctypes.c_void_p).value == base + j * row_bytes  # type: ignore[operator]
+            for j in range(1, n_logits))
+        if contiguous:
+            return np.ctypeslib.as_array(first, shape=(n_logits, self.n_vocab))
         out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
         for j in range(n_logits):
-            # Negative indices count from the end of the last decoded batch.
-            ptr = self._lib.llama_get_logits_ith(self._ctx, j - n_logits)
-            out[j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            out[j] = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx, j - n_logits),
+                                           shape=(self.n_vocab,))
         return out
 
     def sync(self, seq: Sequence[int], n_logits: int = 1) -> np.ndarray:
@@ -222,12 +336,24 @@ class LlamaRunner:
         return best
 
     def close(self) -> None:
+        lib = self._lib
         with contextlib.suppress(Exception):
             if self._batch is not None:
-                self._lib.llama_batch_free(self._batch)
-                self._batch = None
+                lib.llama_batch_free(self._batch)
+        self._batch = None
         with contextlib.suppress(Exception):
-            self.llm.close()
+            if self._ctx is not None:
+                lib.llama_free(self._ctx)
+        self._ctx = None
+        with contextlib.suppress(Exception):
+            if self._model is not None:
+                lib.llama_model_free(self._model)
+        self._model = None
+
+    def __del__(self) -> None:
+        # A runner dropped without close() must still free llama.cpp's memory (and VRAM).
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __enter__(self) -> LlamaRunner:
         return self

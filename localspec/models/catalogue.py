@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import paths
-from ..engine.gguf_meta import check_pair, read_gguf_info, validate_pair
+from ..engine.gguf_meta import pair_report, read_gguf_info, validate_pair
 from ..errors import ConfigError, GGUFError, LocalspecError, ModelNotFoundError
 from ..files import atomic_write
 from . import ollama_store
@@ -226,8 +226,7 @@ def pair_status(pair: Pair) -> PairStatus:
     if target is None or draft is None:
         return PairStatus(pair, target, draft, None)
     try:
-        report = check_pair(read_gguf_info(target, with_tokens=True),
-                            read_gguf_info(draft, with_tokens=True))
+        report = pair_report(target, draft)
     except LocalspecError as exc:
         return PairStatus(pair, target, draft, False, (str(exc),))
     return PairStatus(pair, target, draft, report.compatible, report.problems)
@@ -236,17 +235,17 @@ def pair_status(pair: Pair) -> PairStatus:
 def suggest_drafts(target_ref: str) -> list[Suggestion]:
     """Local models that can draft for ``target_ref``, the smallest (fastest) first."""
     target_path = resolve_model(target_ref)
-    target = read_gguf_info(target_path, with_tokens=True)
+    target = read_gguf_info(target_path)
     suggestions = []
     for model in ollama_store.list_local():
         if model.gguf_path.resolve() == target_path.resolve() or model.size >= target.file_size:
             continue
         try:
-            info = read_gguf_info(model.gguf_path, with_tokens=True)
+            info = read_gguf_info(model.gguf_path)
+            if not pair_report(target_path, model.gguf_path).compatible:
+                continue
         except GGUFError as exc:
             log.debug("not suggesting %s: %s", model.name, exc)
-            continue
-        if not check_pair(target, info).compatible:
             continue
         suggestions.append(Suggestion(
             name=model.name, gguf_path=model.gguf_path, size=info.file_size,

@@ -156,3 +156,44 @@ def build_demo_pair(folder: Path) -> tuple[Path, Path]:
     if not draft.exists():
         write_tiny_model(draft, shallow_copy(DEMO_TARGET, keep_layers=2))
     return target, draft
+
+
+# llama.cpp's quantization types by the names users know them (Ollama's tags, llama-quantize's).
+QUANT_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
+# Q4_K and friends quantize rows in blocks of 256 values: every matrix's column count (n_embd and
+# n_ff here) must be a multiple of 256, or llama.cpp silently falls back to another type.
+QUANTIZABLE = TinyModelSpec(seed=11, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_layer=2,
+                            layer_scale=0.2, name="tiny-quantizable")
+
+
+def quantize(src: Path, dst: Path, quant: str) -> Path:
+    """Quantize a GGUF with llama.cpp's own quantizer (what produced every Ollama model).
+
+    Atomic like ``write_tiny_model``; an unknown ``quant`` or a failed run raises ValueError."""
+    import llama_cpp  # deferred: loads llama.cpp's shared library
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)
+    if quant.upper() not in QUANT_TYPES or ftype is None:
+        raise ValueError(f"unknown quantization {quant!r} (one of {', '.join(QUANT_TYPES)})")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(dst)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"llama.cpp could not quantize {src} to {quant}")
+    replace_durably(tmp, dst)
+    return dst
+
+
+def quantized_model(folder: Path, quant: str, spec: TinyModelSpec = QUANTIZABLE) -> Path:
+    """A tiny model in ``quant`` (built once in ``folder``, then reused)."""
+    stem = f"{spec.name}-s{spec.seed}-l{spec.keep_layers or spec.n_layer}"
+    out = folder / f"{stem}-{quant.lower()}.gguf"
+    if not out.exists():
+        base = folder / f"{stem}-f32.gguf"
+        if not base.exists():
+            write_tiny_model(base, spec)
+        quantize(base, out, quant)
+    return out

@@ -72,7 +72,7 @@ class ServerState:
             names = [self.config.model_id, *self.config.aliases]
             engine = self.worker.engine
             if engine is not None and self.worker.state == "ready":
-                meta_name = engine.target.metadata.get("general.name")
+                meta_name = engine.target.meta("general.name")
                 names += [n for n in (meta_name, engine.target.path.stem, engine.target.path.name)
                           if n]
                 self._names = tuple(dict.fromkeys(names))
