@@ -24,6 +24,20 @@ class GGUFError(LocalspecError):
     title = "Invalid model file"
 
 
+class DamagedModelError(GGUFError):
+    """A model's manifest is present but a blob it names is missing or has the wrong size.
+
+    ``problem`` is the damage alone (which blob, what is wrong), for listings that add their own
+    advice; ``str(err)`` is the whole line, naming the model and the repair.
+    """
+
+    title = "Damaged model"
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
+
+
 class IncompatiblePairError(LocalspecError):
     """Draft and target do not share a vocabulary, so the draft cannot propose target tokens."""
 

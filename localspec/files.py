@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 
 
@@ -22,8 +23,13 @@ def fsync_dir(folder: Path) -> None:
 
 def temporary_name(path: Path) -> Path:
     """Where a file is written before it is renamed to ``path``. The leading dot keeps it out
-    of listings (and out of Ollama's tag namespace when ``path`` is a manifest)."""
-    return path.with_name(f".{path.name}.partial")
+    of listings (and out of Ollama's tag namespace when ``path`` is a manifest).
+
+    The name is this writer's own (process and thread): two pulls of one model write the same
+    manifest at once, and with a shared temporary name one would truncate the file the other is
+    about to rename, or find it already renamed away.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
 
 
 def replace_durably(tmp: Path, path: Path) -> None:

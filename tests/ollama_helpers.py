@@ -215,3 +215,99 @@ def assert_runs(model_path: Path, n_tokens: int = 8) -> None:
     finally:
         eng.close()
     assert len(out.tokens) == n_tokens
+
+
+class GatedProxy:
+    """A loopback HTTP proxy in front of a registry that makes two pulls overlap for certain.
+
+    Blob bodies are sent in small chunks with a pause between them, and the first blob response
+    larger than ``hold_bytes`` stops half way until a second client has asked for a manifest
+    (at most ``hold_timeout`` seconds): the first pull is then mid-download, holding half of that
+    blob, when the second one reaches it.
+    """
+
+    def __init__(self, upstream: str, *, chunk: int = 64 * 1024, delay: float = 0.03,
+                 hold_bytes: int = 1 << 20, hold_timeout: float = 30.0) -> None:
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.upstream = upstream
+        self.chunk, self.delay = chunk, delay
+        self.hold_bytes, self.hold_timeout = hold_bytes, hold_timeout
+        self.manifest_requests = 0
+        self.blob_requests: list[str] = []
+        self.second_client = threading.Event()
+        self._held = False
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> GatedProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.second_client.set()  # release a held response so its thread can end
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _should_hold(self, size: int) -> bool:
+        with self._lock:
+            if self._held or size <= self.hold_bytes:
+                return False
+            self._held = True
+            return True
+
+    def _handler(self) -> type:
+        import time
+        from http.server import BaseHTTPRequestHandler
+
+        import httpx
+
+        proxy = self
+        passed = ("content-type", "content-length", "content-range", "docker-content-digest",
+                  "accept-ranges")
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                is_blob = "/blobs/" in self.path
+                with proxy._lock:
+                    if "/manifests/" in self.path:
+                        proxy.manifest_requests += 1
+                        if proxy.manifest_requests >= 2:
+                            proxy.second_client.set()
+                    if is_blob:
+                        proxy.blob_requests.append(self.headers.get("Range", "all"))
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() in ("range", "accept")}
+                with httpx.Client(timeout=30) as http, \
+                        http.stream("GET", proxy.upstream + self.path, headers=headers) as up:
+                    self.send_response(up.status_code)
+                    for key, value in up.headers.items():
+                        if key.lower() in passed:
+                            self.send_header(key, value)
+                    self.end_headers()
+                    size = int(up.headers.get("content-length", 0))
+                    hold = is_blob and proxy._should_hold(size)
+                    sent = 0
+                    try:
+                        for chunk in up.iter_bytes(proxy.chunk):
+                            if hold and sent >= size // 2:
+                                proxy.second_client.wait(proxy.hold_timeout)
+                                hold = False
+                            self.wfile.write(chunk)
+                            sent += len(chunk)
+                            if is_blob:
+                                time.sleep(proxy.delay)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the client gave up (a cancelled pull): not this proxy's problem
+
+        return Handler

@@ -129,3 +129,30 @@ def test_suggest_drafts(store: Path, target_gguf: Path, draft_gguf: Path,
     assert all(s.size_ratio > 1 for s in found)
     assert found == sorted(found, key=lambda s: -s.size_ratio)
     assert suggest_drafts(str(target_gguf))  # a path works as the target too
+
+
+def test_damaged_model_is_not_present(store: Path, target_gguf: Path, draft_gguf: Path) -> None:
+    from localspec.models.library import DefaultLibrary, PairStatus
+
+    model = install_gguf(store, "tiny:big", target_gguf)
+    install_gguf(store, "tiny:small", draft_gguf)
+    blob = store / "blobs" / model.model_layer.digest.replace(":", "-")
+    with blob.open("ab") as fh:
+        fh.write(b"trailing bytes")
+    st = pair_status(catalogue.Pair("t", "tiny:big", "tiny:small"))
+    assert st.target_path is None and st.draft_path is not None and st.compatible is None
+    assert st.target_damage and blob.name[:19] in st.target_damage
+    assert st.problems == (st.target_damage,)
+    as_json = st.to_json()
+    assert as_json["target_present"] is False and as_json["target_damaged"] is True
+    assert as_json["draft_damaged"] is False
+
+    lib = DefaultLibrary()
+    checked = lib.check_pair(PairStatus("t", "tiny:big", "nothing:1b", "model"))
+    assert checked.present is False and checked.damaged is True
+    assert checked.problem is not None
+    assert "localspec pull tiny:big" in checked.problem
+    assert checked.problem.endswith("not in the Ollama store: nothing:1b")
+    models = {m.name: m for m in lib.local_models()}
+    assert models["tiny:big"].problem and blob.name[:19] in models["tiny:big"].problem
+    assert models["tiny:small"].problem is None and models["tiny:small"].size > 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.errors import GGUFError, ModelNotFoundError
+from localspec.errors import DamagedModelError, GGUFError, ModelNotFoundError
 from localspec.models import ollama_store
 from localspec.models.names import display_name, resolve_model
 from localspec.models.ollama_store import PROJECTOR_MEDIA_TYPE, ModelName, parse_name
@@ -89,8 +89,50 @@ def test_missing_manifest_says_pull(store: Path) -> None:
 def test_missing_blob_says_pull(store: Path, target_gguf: Path) -> None:
     model = install_gguf(store, "tiny", target_gguf)
     (store / "blobs" / model.model_layer.digest.replace(":", "-")).unlink()
-    with pytest.raises(ModelNotFoundError, match="blob .* is missing"):
+    with pytest.raises(DamagedModelError, match=r"blob sha256-\w{12}… is missing; run "
+                                                r"`localspec pull tiny:latest`"):
         ollama_store.resolve("tiny")
+
+
+@pytest.mark.parametrize("change", ["truncate", "extend", "config"])
+def test_wrong_size_blob_is_damaged_not_present(store: Path, target_gguf: Path,
+                                                draft_gguf: Path, change: str) -> None:
+    model = install_gguf(store, "tiny", target_gguf)
+    # Its own config and params blobs: nothing shared with tiny's damaged blob.
+    install_gguf(store, "other", draft_gguf, params={"note": "other"},
+                 config={"model_format": "gguf", "model_family": "other"})
+    layer = model.config if change == "config" else model.model_layer
+    blob = store / "blobs" / layer.digest.replace(":", "-")
+    data = blob.read_bytes()
+    blob.write_bytes(data[:-100] if change == "truncate" else data + b"\0" * 100)
+    have = len(data) + (-100 if change == "truncate" else 100)
+    with pytest.raises(DamagedModelError) as info:
+        ollama_store.resolve("tiny")
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"blob {blob.name[:19]}… has {have:,} bytes, the manifest says {len(data):,}" in message
+    assert "localspec pull tiny:latest" in message
+    # Listed as damaged, with the problem; never among the models that resolve.
+    entries = {e.name: e for e in ollama_store.list_store()}
+    assert entries["tiny:latest"].damaged and entries["tiny:latest"].model is None
+    assert entries["tiny:latest"].problem == info.value.problem
+    assert not entries["other:latest"].damaged
+    assert [m.name for m in ollama_store.list_local()] == ["other:latest"]
+
+
+def test_temporary_names_are_per_writer(tmp_path: Path) -> None:
+    import threading
+
+    from localspec.files import temporary_name
+
+    target = tmp_path / "manifest"
+    names: list[Path] = []
+    thread = threading.Thread(target=lambda: names.append(temporary_name(target)))
+    thread.start()
+    thread.join()
+    mine = temporary_name(target)
+    assert mine != names[0]
+    assert mine.name.startswith(".manifest.") and mine.name.endswith(".partial")
 
 
 def test_blob_that_is_not_gguf(store: Path) -> None:

@@ -39,6 +39,7 @@ class FakeOllamaDaemon:
         self.models = models
         self.write = write
         self.requests: list[dict[str, Any]] = []
+        self.blobs_at_request: list[set[str]] = []  # what the store held when asked to pull
         self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -70,6 +71,8 @@ class FakeOllamaDaemon:
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 daemon.requests.append(body)
+                daemon.blobs_at_request.append(
+                    {p.name for p in (daemon.store / "blobs").glob("*")})
                 model = daemon.models.get(body["model"])
                 if self.path != "/api/pull":
                     self.send_error(404)
@@ -149,6 +152,22 @@ def test_present_model_skips_the_daemon(daemon: FakeOllamaDaemon, store: Path,
     write_model(store, "tiny", build_model(target_gguf))
     pull("tiny")
     assert daemon.requests == []
+
+
+def test_damaged_model_is_pulled_again_through_the_daemon(daemon: FakeOllamaDaemon,
+                                                           store: Path,
+                                                           target_gguf: Path) -> None:
+    model = daemon.models["tiny:latest"]
+    write_model(store, "tiny", model)
+    blob = store / "blobs" / model.model_layer.digest.replace(":", "-")
+    blob.write_bytes(blob.read_bytes()[:1000])  # truncated: damaged, not present
+    events: list[PullProgress] = []
+    resolved = pull("tiny", progress=events.append)
+    assert [r["model"] for r in daemon.requests] == ["tiny:latest"]
+    # Ollama skips a blob file that exists whatever its size: it had to be gone when asked.
+    assert blob.name not in daemon.blobs_at_request[0]
+    assert any(e.status.startswith("tiny:latest: damaged, blob ") for e in events)
+    assert resolved.gguf_path == blob and blob.read_bytes() == model.model_layer.data
 
 
 def test_no_daemon_means_direct(monkeypatch: pytest.MonkeyPatch) -> None:

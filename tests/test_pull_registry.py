@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from localspec.errors import ModelNotFoundError, PullError
+from localspec.cli import main
+from localspec.errors import DamagedModelError, ModelNotFoundError, PullError
 from localspec.models import ollama_store, registry_client
 from localspec.models.pull import PullProgress, pull
+from localspec.models.tiny import TinyModelSpec, write_tiny_model
 from tests.ollama_helpers import (
+    GatedProxy,
     OllamaModel,
     RegistryServer,
     assert_runs,
@@ -20,6 +31,10 @@ from tests.ollama_helpers import (
     push_model,
     registry_or_skip,
 )
+
+REPO = Path(__file__).resolve().parents[1]
+# Several MB of weights: big enough that a pull is still writing it when a second one starts.
+BIG_SPEC = TinyModelSpec(seed=21, n_embd=256, n_ff=512, n_layer=2, name="tiny-big")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +52,15 @@ def tiny(registry: RegistryServer, target_gguf: Path) -> OllamaModel:
     return model
 
 
+@pytest.fixture(scope="module")
+def big(registry: RegistryServer, tmp_path_factory: pytest.TempPathFactory) -> OllamaModel:
+    gguf = write_tiny_model(tmp_path_factory.mktemp("big") / "big.gguf", BIG_SPEC)
+    model = build_model(gguf, params={"note": "big"})
+    assert len(model.model_layer.data) > 2 << 20
+    push_model(registry.url, "library/big", "latest", model)
+    return model
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     return tmp_path / "ollama-models"
@@ -48,6 +72,53 @@ def _blob(store: Path, digest: str) -> Path:
 
 def _leftovers(store: Path) -> list[Path]:
     return sorted(p for p in store.rglob("*") if p.name.endswith(".partial"))
+
+
+def _partial(store: Path, digest: str) -> Path:
+    final = _blob(store, digest)
+    return final.with_name(final.name + ".partial")
+
+
+def _sha256(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _assert_whole(store: Path, model: OllamaModel, name: str) -> None:
+    """Every blob is there under its own digest, the manifest too, and nothing else in blobs/."""
+    for layer in model.blobs:
+        assert _sha256(_blob(store, layer.digest)) == layer.digest
+    manifest = store / "manifests/registry.ollama.ai/library" / name.replace(":", "/")
+    assert manifest.read_bytes() == model.manifest
+    assert _leftovers(store) == []
+    # Lock files are kept out of blobs/, where anything listing the store would see them.
+    assert all(re.fullmatch(r"sha256-[0-9a-f]{64}", p.name) for p in (store / "blobs").iterdir())
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def _localspec(*args: str) -> subprocess.Popen[str]:
+    """``python -m localspec ARGS`` on this checkout, in this test's isolated environment."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "localspec", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen[str], label: str) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{label} did not finish within 120 s; its stderr:\n{err[-3000:]}")
+    code = proc.returncode
+    # A process killed by a signal is a failure whatever else it printed.
+    assert code >= 0, f"{label} was killed by {signal.Signals(-code).name}:\n{err[-3000:]}"
+    return code, out, err
 
 
 def test_fresh_pull_through_mirror(registry: RegistryServer, tiny: OllamaModel,
@@ -157,3 +228,144 @@ def test_pulled_model_runs(registry: RegistryServer, tiny: OllamaModel) -> None:
 
     pull("tiny", registry=registry.url, insecure=True)
     assert_runs(resolve_model("tiny"))
+
+
+def test_two_processes_pull_one_model_at_once(registry: RegistryServer, big: OllamaModel,
+                                              store: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The adversarial report: two ``localspec pull`` processes into one store at once."""
+    with GatedProxy(registry.url) as proxy:
+        args = ("pull", "big", "--registry", proxy.url, "--insecure")
+        first = _localspec(*args)
+        # The proxy holds the first pull half way through the model blob until a second client
+        # asks for the manifest: the second starts while the first is mid-download.
+        partial = _partial(store, big.model_layer.digest)
+        _wait_for(lambda: partial.exists() or first.poll() is not None)
+        second = _localspec(*args)
+        results = [_finish(first, "the first pull"), _finish(second, "the second pull")]
+    for code, out, err in results:
+        assert code == 0, err
+        assert "failed verification" not in err
+        assert out.startswith("big:latest\t")
+    assert f"waiting for another pull of {big.model_layer.digest[:19]}" in results[1][2]
+    # Each blob crossed the wire once: the second pull found the first one's work.
+    assert len(proxy.blob_requests) == len(big.blobs)
+    _assert_whole(store, big, "big:latest")
+    capsys.readouterr()
+    assert main(["list", "--json"]) == 0
+    models = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
+    assert models["big:latest"]["damaged"] is False
+    assert models["big:latest"]["problem"] is None
+    assert models["big:latest"]["size"] == len(big.model_layer.data)
+
+
+def test_two_threads_pull_one_model_at_once(registry: RegistryServer, big: OllamaModel,
+                                            store: Path) -> None:
+    """Two chat-app workers (threads of one process) pulling the same model."""
+    events: tuple[list[PullProgress], list[PullProgress]] = ([], [])
+    results: dict[int, ollama_store.ResolvedModel] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = pull("big", registry=proxy.url, insecure=True,
+                              progress=events[i].append, cancel=threading.Event())
+        except BaseException as exc:  # reported by the assertions below
+            errors.append(exc)
+
+    with GatedProxy(registry.url) as proxy:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        threads[0].start()
+        partial = _partial(store, big.model_layer.digest)
+        _wait_for(lambda: partial.exists() or not threads[0].is_alive())
+        threads[1].start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a pull thread hung"
+    assert errors == []
+    assert results[0] == results[1]
+    waited = [e for e in events[1] if e.status.startswith("waiting for another pull")]
+    assert waited and waited[0].digest == ""  # announced as a status line first
+    assert len(proxy.blob_requests) == len(big.blobs)
+    _assert_whole(store, big, "big:latest")
+
+
+def test_waiting_pull_honours_cancel(registry: RegistryServer, big: OllamaModel,
+                                     store: Path) -> None:
+    from localspec.models.blob_lock import blob_lock
+
+    cancel = threading.Event()
+    events: list[PullProgress] = []
+
+    def progress(event: PullProgress) -> None:
+        events.append(event)
+        if event.status.startswith("waiting for another pull"):
+            cancel.set()
+
+    # Another writer (here, this test) holds the model blob's lock for the whole pull.
+    with blob_lock(store, big.model_layer.digest):
+        with pytest.raises(PullError, match="cancelled while waiting for another pull"):
+            pull("big", registry=registry.url, insecure=True, progress=progress, cancel=cancel)
+    assert not _blob(store, big.model_layer.digest).exists()
+    assert not (store / "manifests/registry.ollama.ai/library/big").exists()
+
+
+@pytest.mark.parametrize("change", ["truncate", "extend"])
+def test_damaged_model_is_listed_refused_and_repaired(registry: RegistryServer,
+                                                      tiny: OllamaModel, store: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      change: str) -> None:
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    blob = _blob(store, tiny.model_layer.digest)
+    data = blob.read_bytes()
+    damaged = data[: len(data) // 2] if change == "truncate" else data + b"\0" * 4096
+    blob.write_bytes(damaged)
+    problem = (f"blob {blob.name[:19]}… has {len(damaged):,} bytes, the manifest says "
+               f"{len(data):,}")
+    capsys.readouterr()
+
+    assert main(["list", "--json"]) == 0
+    entry = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}["tiny:latest"]
+    assert entry["damaged"] is True and entry["problem"] == problem and entry["path"] is None
+    assert main(["list"]) == 0
+    assert f"DAMAGED ({problem}): run localspec pull tiny:latest" in capsys.readouterr().out
+
+    with pytest.raises(DamagedModelError, match="localspec pull tiny:latest"):
+        ollama_store.resolve("tiny")
+    assert main(["run", "--target", "tiny", "hello", "-n", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err and "localspec pull tiny:latest" in err
+
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "damaged" in line] == [
+        f"tiny:latest: damaged, {problem}; fetching it again"]
+    assert _sha256(blob) == tiny.model_layer.digest
+    assert ollama_store.resolve("tiny").gguf_path == blob
+
+
+def test_verify_finds_same_size_corruption(registry: RegistryServer, tiny: OllamaModel,
+                                           store: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    blob = _blob(store, tiny.model_layer.digest)
+    corrupt = bytearray(blob.read_bytes())
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    blob.write_bytes(bytes(corrupt))
+    capsys.readouterr()
+
+    # Without --verify only sizes are compared (as its help says): this goes unnoticed.
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    assert "damaged" not in capsys.readouterr().err
+    assert blob.read_bytes() == bytes(corrupt)
+
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure", "--verify"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"tiny:latest: damaged, blob {blob.name[:19]}… does not match "
+                               "its digest")
+    assert _sha256(blob) == tiny.model_layer.digest
+    # A whole model: --verify reads it all and finds nothing to fetch, even with no registry.
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert main(["pull", "tiny", "--registry", dead, "--insecure", "--verify"]) == 0
+    assert "damaged" not in capsys.readouterr().err

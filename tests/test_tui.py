@@ -35,14 +35,15 @@ def make_app(tmp_path: Path, target_gguf: Path, draft_gguf: Path
     db = tmp_path / "chats.sqlite3"
 
     def make(settings: Settings | None = None, spec: EngineSpec | None = "tiny",  # type: ignore
-             factory: Any = load_engine, monitor: Any = None) -> LocalspecApp:
+             factory: Any = load_engine, monitor: Any = None,
+             library: Any = None) -> LocalspecApp:
         # One llama.cpp thread: on a loaded 2-core machine more threads spin against the UI.
         one = ModelSettings(n_threads=1)
         if spec == "tiny":
             spec = EngineSpec(target=str(target_gguf), draft=str(draft_gguf), pair_name="tiny",
                               target_settings=one, draft_settings=one)
         return LocalspecApp(factory, monitor or FakeMonitor(), ChatStore(db),
-                            FakeLibrary(target_gguf, draft_gguf),
+                            library or FakeLibrary(target_gguf, draft_gguf),
                             settings or Settings(max_tokens=40, threads=1),
                             save_settings=save_settings,
                             spec=spec, export_dir=tmp_path / "exports", sample_interval=0.05)
@@ -182,6 +183,36 @@ async def test_switch_pair_in_the_picker(make_app: Callable[..., LocalspecApp]) 
         await send(pilot, app, "hello")
         await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 2)
         assert load_settings().last_pair == "tiny-lookup"
+
+
+async def test_damaged_models_show_as_damaged(make_app: Callable[..., LocalspecApp],
+                                              target_gguf: Path, draft_gguf: Path) -> None:
+    lib = FakeLibrary(target_gguf, draft_gguf, damaged=True)
+    app = make_app(spec=None, library=lib)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: getattr(app.screen, "pairs", {}).get("broken")
+                       is not None and app.screen.pairs["broken"].present is not None)
+        picker = app.screen
+        table = picker.query_one(DataTable)
+        row = table.get_row_index("broken")
+        assert table.get_row_at(row)[4] == "DAMAGED"
+        table.move_cursor(row=row)
+        await wait_for(pilot, lambda: "sha256-0123456789ab" in str(
+            picker.query_one("#pair-detail").render()))
+        notes: list[str] = []
+        picker.notify = lambda message, **_: notes.append(message)  # type: ignore[method-assign]
+        await pilot.press("enter")  # refused: stays on the picker, nothing is loaded
+        await pilot.pause()
+        assert app.screen is picker and app.spec is None
+        assert len(notes) == 1
+        assert notes[0].startswith("Cannot load broken") and "520,812,345" in notes[0]
+        await pilot.press("escape")
+        await pilot.press("f3")
+        models = app.screen.query_one("#models", DataTable)
+        await wait_for(pilot, lambda: models.row_count == 3)
+        cells = models.get_row_at(models.get_row_index("broken:7b"))
+        assert cells[1] == "DAMAGED" and "localspec pull broken:7b" in cells[2]
 
 
 async def test_load_failure_is_a_dismissible_message(make_app: Callable[..., LocalspecApp]

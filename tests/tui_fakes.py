@@ -52,12 +52,19 @@ class FakePullProgress:
 class FakeLibrary:
     """Pairs over the tiny models; a pull that reports two layers and honours cancel."""
 
+    DAMAGE = ("broken:7b: damaged, blob sha256-0123456789ab… has 520,812,345 bytes, the "
+              "manifest says 491,400,000; run `localspec pull broken:7b` to repair it")
+
     def __init__(self, target: Path, draft: Path, pull_steps: int = 4,
-                 pull_delay: float = 0.01) -> None:
+                 pull_delay: float = 0.01, damaged: bool = False) -> None:
         self.target, self.draft = target, draft
         self.pull_steps, self.pull_delay = pull_steps, pull_delay
+        self.damaged = damaged  # also offer a pair and a model whose blob has the wrong size
         self.models = [LocalModel("tiny-target:latest", target, 1_000_000),
                        LocalModel("tiny-draft:latest", draft, 300_000)]
+        if damaged:
+            self.models.append(LocalModel("broken:7b", Path("/store/manifests/broken/7b"), 0,
+                                          self.DAMAGE))
         self.pull_started = threading.Event()
         self.deleted: list[str] = []
 
@@ -68,11 +75,14 @@ class FakeLibrary:
             PairStatus("tiny-lookup", str(self.target), None, "lookup", "prompt lookup only",
                        "user"),
             PairStatus("absent", "qwen3:32b", "qwen3:0.6b", "model", "not pulled", "shipped"),
-        ]
+        ] + ([PairStatus("broken", "broken:7b", str(self.draft), "model", "a damaged target",
+                         "user")] if self.damaged else [])
 
     def check_pair(self, pair: PairStatus) -> PairStatus:
         if pair.name == "absent":
             return replace(pair, present=False, problem="not in the Ollama store: qwen3:32b")
+        if pair.name == "broken":
+            return replace(pair, present=False, damaged=True, problem=self.DAMAGE)
         return replace(pair, present=True, size=1_300_000, compatible=True)
 
     def local_models(self) -> list[LocalModel]:

@@ -10,7 +10,10 @@ from typing import Any
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("list", help="list pairs and local models",
                        description="Pairs (shipped and your own) with whether their models are "
-                                   "present and compatible, then the models in the Ollama store.")
+                                   "present and compatible, then the models in the Ollama store. "
+                                   "A model with a blob missing or of the wrong size is shown "
+                                   "DAMAGED (sizes only: `localspec pull NAME --verify` "
+                                   "re-hashes).")
     p.add_argument("--json", action="store_true", help="one JSON object for scripts")
     p.set_defaults(func=run)
 
@@ -18,13 +21,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _local_models() -> list[dict[str, Any]]:
     from ..engine.gguf_meta import read_gguf_info
     from ..errors import GGUFError
-    from ..models.ollama_store import list_local
+    from ..models.ollama_store import list_store
 
     models = []
-    for model in list_local():
+    for item in list_store():
+        if item.model is None:
+            models.append({"name": item.name, "path": None, "size": None, "quantization": None,
+                           "architecture": None, "parameters": None, "damaged": True,
+                           "problem": item.problem})
+            continue
+        model = item.model
         entry: dict[str, Any] = {"name": model.name, "path": str(model.gguf_path),
                                  "size": model.size, "quantization": None,
-                                 "architecture": None, "parameters": None, "problem": None}
+                                 "architecture": None, "parameters": None, "damaged": False,
+                                 "problem": None}
         try:
             info = read_gguf_info(model.gguf_path)
         except GGUFError as exc:
@@ -36,29 +46,42 @@ def _local_models() -> list[dict[str, Any]]:
     return models
 
 
+def _absence(pair: dict[str, Any], which: str) -> str:
+    if pair[f"{which}_damaged"]:
+        return " (DAMAGED)"
+    return "" if pair[f"{which}_present"] else " (absent)"
+
+
 def _compat(value: bool | None) -> str:
     return {True: "yes", False: "NO", None: "-"}[value]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..models.catalogue import load_pairs, pair_status
-    from .formatting import human_bytes, human_count, table
+    from .formatting import table
 
     pairs = [pair_status(p).to_json() for p in load_pairs().values()]
     models = _local_models()
     if args.json:
         print(json.dumps({"pairs": pairs, "models": models}, indent=2))
         return 0
-    rows = [[p["name"], p["target"] + ("" if p["target_present"] else " (absent)"),
-             p["draft"] + ("" if p["draft_present"] else " (absent)"), p["draft_mode"],
-             _compat(p["compatible"]), p["source"]] for p in pairs]
+    rows = [[p["name"], p["target"] + _absence(p, "target"), p["draft"] + _absence(p, "draft"),
+             p["draft_mode"], _compat(p["compatible"]), p["source"]] for p in pairs]
     print(table(rows, ["PAIR", "TARGET", "DRAFT", "MODE", "COMPATIBLE", "SOURCE"]))
     print()
     if not models:
         print("no local models (localspec pull NAME|PAIR)")
         return 0
-    rows = [[m["name"], human_bytes(m["size"]), m["quantization"] or "-",
-             human_count(m["parameters"]), m["architecture"] or (m["problem"] or "-")]
-            for m in models]
+    rows = [_model_row(m) for m in models]
     print(table(rows, ["MODEL", "SIZE", "QUANT", "PARAMS", "ARCH"]))
     return 0
+
+
+def _model_row(m: dict[str, Any]) -> list[str]:
+    from .formatting import human_bytes, human_count
+
+    if m["damaged"]:
+        return [m["name"], "-", "-", "-",
+                f"DAMAGED ({m['problem']}): run localspec pull {m['name']}"]
+    return [m["name"], human_bytes(m["size"]), m["quantization"] or "-",
+            human_count(m["parameters"]), m["architecture"] or (m["problem"] or "-")]

@@ -11,14 +11,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("pull", help="pull a model or both models of a pair into the Ollama store",
                        description="Pull through the Ollama daemon when one answers (OLLAMA_HOST), "
                                    "otherwise straight from the registry into the same store, "
-                                   "verified and resumable. Models already present are not "
-                                   "downloaded again.")
+                                   "verified and resumable. A model already present is not "
+                                   "downloaded again if every blob its manifest names has the "
+                                   "declared size; blobs that are missing or the wrong size are "
+                                   "fetched again. Sizes only: a blob damaged without changing "
+                                   "size is found by --verify alone.")
     p.add_argument("name", metavar="NAME|PAIR",
                    help="an Ollama model name (qwen2.5-coder:1.5b) or a pair from `localspec list`")
     p.add_argument("--registry", metavar="URL",
                    help="pull from this registry (a mirror) instead of the name's host; "
                         "always the direct path")
     p.add_argument("--insecure", action="store_true", help="allow a registry on plain http")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash every blob of a model already present (sha256; reads every "
+                        "byte, minutes for a large model) and fetch again the ones that do not "
+                        "match; without it only sizes are checked")
     p.set_defaults(func=run)
 
 
@@ -39,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     for name in models_to_pull(args.name):
         with _ProgressBars() as bars:
             model = pull(name, registry=args.registry, insecure=args.insecure,
-                         progress=bars.update)
+                         progress=bars.update, verify=args.verify)
         print(f"{model.name}\t{model.gguf_path}")
     return 0
 
@@ -77,7 +84,10 @@ class _ProgressBars:
     def update(self, event: Any) -> None:
         if not event.digest or not event.total:
             if event.status and event.status != self._last_status:
-                self._progress.console.print(event.status)
+                # One line each (a damaged blob, a wait for another pull): never wrapped, and
+                # never read as rich markup.
+                self._progress.console.print(event.status, markup=False, highlight=False,
+                                             soft_wrap=True)
                 self._last_status = event.status
             return
         task = self._tasks.get(event.digest)

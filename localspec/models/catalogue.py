@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from .. import paths
 from ..engine.gguf_meta import pair_report, read_gguf_info, validate_pair
-from ..errors import ConfigError, GGUFError, LocalspecError, ModelNotFoundError
+from ..errors import ConfigError, DamagedModelError, GGUFError, LocalspecError, ModelNotFoundError
 from ..files import atomic_write
 from . import ollama_store
 from .names import display_name, resolve_model
@@ -67,13 +67,19 @@ class Suggestion:
 
 @dataclass(frozen=True, slots=True)
 class PairStatus:
-    """Whether a pair's models are present and, when both are, whether they are compatible."""
+    """Whether a pair's models are present and, when both are, whether they are compatible.
+
+    A damaged model (a blob missing or of the wrong size) is not present; its ``*_damage`` line
+    says why, and is among ``problems`` too.
+    """
 
     pair: Pair
     target_path: Path | None
     draft_path: Path | None
     compatible: bool | None
     problems: tuple[str, ...] = ()
+    target_damage: str | None = None
+    draft_damage: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +87,8 @@ class PairStatus:
             "source": self.pair.source,
             "target_present": self.target_path is not None,
             "draft_present": self.draft_path is not None,
+            "target_damaged": self.target_damage is not None,
+            "draft_damaged": self.draft_damage is not None,
             "target_path": str(self.target_path) if self.target_path else None,
             "draft_path": str(self.draft_path) if self.draft_path else None,
             "compatible": self.compatible,
@@ -213,18 +221,23 @@ def remove_user_pair(name: str) -> Pair:
     return pair
 
 
-def _present(ref: str) -> Path | None:
+def _present(ref: str) -> tuple[Path | None, str | None]:
+    """The model's file when it is usable, else None and, when it is damaged, the damage."""
     try:
-        return resolve_model(ref)
+        return resolve_model(ref), None
+    except DamagedModelError as exc:
+        return None, str(exc)
     except (ModelNotFoundError, GGUFError):
-        return None
+        return None, None
 
 
 def pair_status(pair: Pair) -> PairStatus:
     """Presence of both models and, when both are present, the pair check on the real files."""
-    target, draft = _present(pair.target), _present(pair.draft)
+    (target, target_damage), (draft, draft_damage) = _present(pair.target), _present(pair.draft)
     if target is None or draft is None:
-        return PairStatus(pair, target, draft, None)
+        # dict.fromkeys: a lookup pair names its target twice, and its damage once is enough.
+        damage = tuple(dict.fromkeys(d for d in (target_damage, draft_damage) if d))
+        return PairStatus(pair, target, draft, None, damage, target_damage, draft_damage)
     try:
         report = pair_report(target, draft)
     except LocalspecError as exc:

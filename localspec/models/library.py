@@ -29,14 +29,19 @@ class PairStatus:
     present: bool | None = None  # None: not checked yet
     size: int | None = None  # target + draft bytes, when both are present
     compatible: bool | None = None
-    problem: str | None = None  # why missing or incompatible
+    problem: str | None = None  # why missing, damaged or incompatible
+    damaged: bool = False  # a model's blob is missing or the wrong size: not present
 
 
 @dataclass(frozen=True, slots=True)
 class LocalModel:
+    """A model in the store. A damaged one has ``problem`` set: its path is its manifest and its
+    size is unknown (0); it cannot be loaded until pulled again."""
+
     name: str
     path: Path
     size: int
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +112,31 @@ class DefaultLibrary:
         st = pair_status(Pair(pair.name, pair.target, pair.draft or pair.target,
                               pair.draft_mode, pair.why))
         if st.target_path is None or st.draft_path is None:
-            missing = [ref for ref, path in ((pair.target, st.target_path),
-                                             (pair.draft, st.draft_path)) if path is None]
-            return replace(pair, present=False,
-                           problem=f"not in the Ollama store: {', '.join(map(str, missing))}")
+            models = [(pair.target, st.target_path, st.target_damage)]
+            if pair.draft and pair.draft != pair.target:
+                models.append((pair.draft, st.draft_path, st.draft_damage))
+            missing = [str(ref) for ref, path, damage in models if path is None and not damage]
+            damage = [d for _, _, d in models if d]
+            problems = damage + ([f"not in the Ollama store: {', '.join(missing)}"]
+                                 if missing else [])
+            return replace(pair, present=False, damaged=bool(damage),
+                           problem="; ".join(problems))
         size = st.target_path.stat().st_size + st.draft_path.stat().st_size
         return replace(pair, present=True, size=size, compatible=st.compatible,
                        problem="; ".join(st.problems) or None)
 
     def local_models(self) -> list[LocalModel]:
-        from .ollama_store import list_local
+        from .ollama_store import list_store
 
-        return [LocalModel(m.name, Path(m.gguf_path), int(m.size)) for m in list_local()]
+        models = []
+        for entry in list_store():
+            if entry.model is None:  # damaged: listed, never as something that can load
+                models.append(LocalModel(entry.name, entry.manifest_path, 0,
+                                         f"{entry.problem}; pull {entry.name} again to repair it"))
+            else:
+                models.append(LocalModel(entry.model.name, Path(entry.model.gguf_path),
+                                         int(entry.model.size)))
+        return models
 
     def pull(self, name: str, progress: Callable[[Any], None],
              cancel: threading.Event) -> LocalModel:

@@ -4,6 +4,10 @@ localspec reads Ollama's store in place (no second copy of a 40 GB file). The la
 ``<store>/manifests/<host>/<namespace>/<model>/<tag>`` (a Docker v2 manifest in JSON) and
 ``<store>/blobs/sha256-<hex>`` (content-addressed layers). The layer whose media type is
 ``application/vnd.ollama.image.model`` is a plain GGUF file that llama.cpp loads as is.
+
+A model whose manifest names a blob that is missing or whose size differs from the manifest's is
+*damaged*: it is listed as such and never resolved for running. Only sizes are compared here (a
+stat per blob); re-hashing is ``localspec pull --verify``'s job, far too slow for a listing.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GGUFError, ModelNotFoundError
+from ..errors import DamagedModelError, GGUFError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,21 @@ class ResolvedModel:
     params: dict[str, Any] = field(default_factory=dict)
     digest: str = ""
     store: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEntry:
+    """A model whose manifest is in a store: resolved when whole, else the damage found."""
+
+    name: str
+    manifest_path: Path
+    store: Path
+    model: ResolvedModel | None = None
+    problem: str | None = None  # one line: which blob is missing or has the wrong size
+
+    @property
+    def damaged(self) -> bool:
+        return self.model is None
 
 
 def store_dirs() -> list[Path]:
@@ -165,6 +184,61 @@ def manifest_digests(manifest: dict[str, Any]) -> list[str]:
     return digests
 
 
+def blob_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """The size the manifest declares for each blob it references (when it declares one)."""
+    sizes: dict[str, int] = {}
+    for desc in [manifest.get("config"), *manifest["layers"]]:
+        if (isinstance(desc, dict) and isinstance(desc.get("digest"), str)
+                and isinstance(desc.get("size"), int)):
+            sizes[desc["digest"]] = desc["size"]
+    return sizes
+
+
+def blob_problem(store: Path, digest: str, size: int | None) -> str | None:
+    """Why the blob ``digest`` cannot be right (missing, or not ``size`` bytes), else None.
+
+    Blobs are content-addressed and get their final name only once verified, so a blob of the
+    declared size is taken as good; any other size can never be (see ``pull --verify``).
+    """
+    path = blob_path(store, digest)
+    try:
+        have = path.stat().st_size
+    except FileNotFoundError:
+        return f"blob {blob_label(path)} is missing"
+    except OSError as exc:
+        return f"blob {blob_label(path)} is unreadable ({exc.strerror})"
+    if size is not None and have != size:
+        return f"blob {blob_label(path)} has {have:,} bytes, the manifest says {size:,}"
+    return None
+
+
+def blob_label(path: Path) -> str:
+    """A blob file as messages name it: `sha256-` and the first 12 hex digits."""
+    return f"{path.name[:19]}…"
+
+
+def damaged_blobs(store: Path, manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(digest, problem)`` for every blob of ``manifest`` that is missing or the wrong size."""
+    sizes = blob_sizes(manifest)
+    found = []
+    for digest in manifest_digests(manifest):
+        problem = blob_problem(store, digest, sizes.get(digest))
+        if problem is not None:
+            found.append((digest, problem))
+    return found
+
+
+def _check_blobs(store: Path, manifest: dict[str, Any], name: ModelName) -> None:
+    damage = damaged_blobs(store, manifest)
+    if not damage:
+        return
+    more = len(damage) - 1
+    problem = damage[0][1] + (f" (and {more} more damaged blob{'s' if more > 1 else ''})"
+                              if more else "")
+    raise DamagedModelError(f"{name}: damaged, {problem}; run `localspec pull {name}` to repair "
+                            "it", problem)
+
+
 def _layers(manifest: dict[str, Any], media_type: str) -> list[dict[str, Any]]:
     return [layer for layer in manifest["layers"]
             if isinstance(layer, dict) and layer.get("mediaType") == media_type]
@@ -241,13 +315,16 @@ def _check_gguf_blob(path: Path, name: ModelName) -> int:
 
 
 def resolve_in(store: Path, name: ModelName) -> ResolvedModel:
-    """Resolve ``name`` in one store. Raises ModelNotFoundError when its manifest is absent."""
+    """Resolve ``name`` in one store. Raises ModelNotFoundError when its manifest is absent,
+    DamagedModelError when a blob it names is missing or has the wrong size, GGUFError when it
+    is not a runnable GGUF model."""
     mpath = manifest_path(store, name)
     if not mpath.is_file():
         raise ModelNotFoundError(f"{name}: not in the Ollama store {store}; "
                                  f"run `localspec pull {name}`")
     manifest = read_manifest(mpath)
     layer = model_layer(manifest, name, store, f"manifest {mpath}")
+    _check_blobs(store, manifest, name)
     gguf = blob_path(store, str(layer.get("digest")))
     size = _check_gguf_blob(gguf, name)
     return ResolvedModel(
@@ -262,14 +339,21 @@ def resolve_in(store: Path, name: ModelName) -> ResolvedModel:
     )
 
 
+def locate(name: ModelName) -> Path | None:
+    """The first store holding ``name``'s manifest (the one ``resolve`` reads), or None."""
+    for store in store_dirs():
+        if manifest_path(store, name).is_file():
+            return store
+    return None
+
+
 def resolve(name: str | ModelName) -> ResolvedModel:
     """Find ``name`` in the first store that has its manifest and return its GGUF blob."""
     parsed = name if isinstance(name, ModelName) else parse_name(name)
-    stores = store_dirs()
-    for store in stores:
-        if manifest_path(store, parsed).is_file():
-            return resolve_in(store, parsed)
-    where = " or ".join(str(s) for s in stores)
+    store = locate(parsed)
+    if store is not None:
+        return resolve_in(store, parsed)
+    where = " or ".join(str(s) for s in store_dirs())
     raise ModelNotFoundError(f"{parsed}: not in the Ollama store ({where}); "
                              f"run `localspec pull {parsed}`")
 
@@ -286,21 +370,33 @@ def _iter_manifests(store: Path) -> list[tuple[ModelName, Path]]:
     return found
 
 
-def list_local() -> list[ResolvedModel]:
-    """Every model in the store(s) whose manifest resolves to a GGUF blob, first store wins."""
+def list_store() -> list[LocalEntry]:
+    """Every model in the store(s) that resolves to a GGUF blob or is damaged, first store wins.
+
+    Models that cannot run whatever their blobs hold (cloud, projector-only, not GGUF) are left
+    out; a damaged one is listed with its problem, so it never passes for present.
+    """
     seen: set[str] = set()
-    models = []
+    entries = []
     for store in store_dirs():
-        for name, _ in _iter_manifests(store):
+        for name, mpath in _iter_manifests(store):
             if name.short in seen:
                 continue
             try:
-                models.append(resolve_in(store, name))
+                entry = LocalEntry(name.short, mpath, store, model=resolve_in(store, name))
+            except DamagedModelError as exc:
+                entry = LocalEntry(name.short, mpath, store, problem=exc.problem)
             except (ModelNotFoundError, GGUFError) as exc:
                 log.debug("skipping %s: %s", name, exc)
                 continue
+            entries.append(entry)
             seen.add(name.short)
-    return models
+    return entries
+
+
+def list_local() -> list[ResolvedModel]:
+    """Every whole model in the store(s) that resolves to a GGUF blob (damaged ones left out)."""
+    return [entry.model for entry in list_store() if entry.model is not None]
 
 
 def _referenced(store: Path) -> set[str]:

@@ -2,8 +2,10 @@
 
 Through the daemon, Ollama itself downloads and registers the model. Without one, the registry
 protocol in :mod:`localspec.registry_client` writes the same files in the same layout. Either way
-the result is resolved from the store, and a model already present is returned without touching
-the network.
+the result is resolved from the store, and a model already present and whole is returned without
+touching the network. Whole means every blob its manifest names is there with the declared size;
+with ``verify``, also that every blob's bytes hash to its digest. The damaged blobs of a present
+model are discarded (:mod:`.repair`) and the model pulled again.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from collections.abc import Callable
 
 import httpx
 
-from ..errors import ModelNotFoundError, PullError
+from ..errors import DamagedModelError, ModelNotFoundError, PullError
 from . import ollama_store
 from .ollama_store import ModelName, ResolvedModel
-from .registry_client import PullProgress, pull_direct, registry_url
+from .registry_client import ProgressCallback, PullProgress, pull_direct, registry_url
+from .repair import discard_damaged
 
 log = logging.getLogger(__name__)
 
@@ -52,26 +55,40 @@ def daemon_available(url: str | None = None, timeout: float = 0.5) -> bool:
     return response.status_code == 200
 
 
-def _present(name: ModelName) -> ResolvedModel | None:
-    # Only an absent model is pulled; a present one that cannot run (not a GGUF, a cloud or
-    # projector-only model) raises its own message, since downloading again would not help.
-    try:
-        return ollama_store.resolve(name)
-    except ModelNotFoundError:
+def _whole(name: ModelName, verify: bool, report: ProgressCallback,
+           cancel: threading.Event | None) -> ResolvedModel | None:
+    """``name`` resolved when present and whole; None when it must be pulled (absent, or its
+    damaged blobs were just discarded)."""
+    store = ollama_store.locate(name)
+    if store is None:
         return None
+    # A present model that cannot run (not a GGUF, a cloud or projector-only model) raises its
+    # own message here, since downloading again would not help.
+    try:
+        found: ResolvedModel | None = ollama_store.resolve_in(store, name)
+    except (DamagedModelError, ModelNotFoundError):  # ModelNotFound: a blob went meanwhile
+        found = None
+    if found is not None and not verify:
+        return found  # sizes checked by resolve_in; the common case reads no blob
+    manifest = ollama_store.read_manifest(ollama_store.manifest_path(store, name))
+    damaged = discard_damaged(name, store, manifest, verify=verify, report=report, cancel=cancel)
+    return None if damaged or found is None else found
 
 
 def pull(name: str, *, registry: str | None = None, insecure: bool = False,
          progress: Callable[[PullProgress], None] | None = None,
-         cancel: threading.Event | None = None) -> ResolvedModel:
-    """Make ``name`` present in the Ollama store and return it resolved.
+         cancel: threading.Event | None = None, verify: bool = False) -> ResolvedModel:
+    """Make ``name`` present and whole in the Ollama store and return it resolved.
 
-    Already present: returned with no network access. Otherwise an answering Ollama daemon pulls
-    it (unless ``registry`` names a mirror, which only the direct path can use); with none, the
-    registry is spoken to directly.
+    Already present with every blob of the declared size (and, with ``verify``, of the right
+    sha256): returned with no network access. A present model with damaged blobs has them
+    discarded and is pulled again. Pulling goes through an answering Ollama daemon (unless
+    ``registry`` names a mirror, which only the direct path can use); with none, the registry
+    is spoken to directly.
     """
     parsed = ollama_store.parse_name(name)
-    found = _present(parsed)
+    report = progress or (lambda _p: None)
+    found = _whole(parsed, verify, report, cancel)
     if found is not None:
         log.info("%s is already in the store at %s", parsed, found.gguf_path)
         return found

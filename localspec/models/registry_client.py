@@ -4,6 +4,9 @@ This is the protocol Ollama itself speaks (``GET /v2/<repo>/manifests/<tag>``, t
 ``GET /v2/<repo>/blobs/<digest>``), and the files land where Ollama puts them, so Ollama sees the
 model later. Interrupt safety, in order of the steps:
 
+* one writer per blob, across processes and threads: the blob's lock (:mod:`.blob_lock`) is held
+  while its ``.partial`` is written, resumed, verified and renamed; a pull that finds the lock
+  taken waits (saying so), then looks again and skips a blob the other pull completed;
 * each blob is written to ``blobs/sha256-<hex>.partial`` and fsynced, its sha256 checked, and only
   then renamed to its final name; a damaged download is deleted, never kept;
 * an interrupted ``.partial`` is resumed with an HTTP range request (its bytes are re-hashed first);
@@ -28,10 +31,13 @@ import httpx
 
 from ..errors import GGUFError, ModelNotFoundError, PullError
 from ..files import atomic_write, fsync_dir
+from .blob_lock import blob_lock
 from .ollama_store import (
     MANIFEST_MEDIA_TYPE,
     ModelName,
     blob_path,
+    blob_problem,
+    blob_sizes,
     manifest_digests,
     manifest_path,
     model_layer,
@@ -54,6 +60,33 @@ class PullProgress:
 
 
 ProgressCallback = Callable[[PullProgress], None]
+
+
+def partial_path(dest: Path) -> Path:
+    """Where the blob ``dest`` is downloaded (and resumed) before it is verified and renamed."""
+    return dest.with_name(dest.name + ".partial")
+
+
+def waiting_reporter(report: ProgressCallback, digest: str, size: int,
+                     dest: Path) -> Callable[[], None]:
+    """What a pull waiting for another pull's lock on ``digest`` reports on each poll: a status
+    line once, then the other pull's progress (the size of its ``.partial``)."""
+    status = f"waiting for another pull of {digest[:19]}"
+    partial = partial_path(dest)
+    announced = False
+
+    def waiting() -> None:
+        nonlocal announced
+        if not announced:
+            report(PullProgress("", 0, 0, status))
+            announced = True
+        try:
+            have = partial.stat().st_size
+        except OSError:
+            have = 0
+        report(PullProgress(digest, min(have, size), size, status))
+
+    return waiting
 
 
 def registry_url(name: ModelName, registry: str | None, insecure: bool) -> str:
@@ -146,8 +179,12 @@ class RegistryClient:
     def download_blob(self, name: ModelName, digest: str, size: int, dest: Path,
                       progress: ProgressCallback | None = None,
                       cancel: threading.Event | None = None) -> None:
-        """Download one blob to ``dest``, resuming ``dest.partial``; verify before renaming."""
-        partial = dest.with_name(dest.name + ".partial")
+        """Download one blob to ``dest``, resuming ``dest.partial``; verify before renaming.
+
+        The caller holds the blob's lock (:func:`.blob_lock.blob_lock`): the partial file is
+        appended to, which only one writer may do.
+        """
+        partial = partial_path(dest)
         hasher = hashlib.sha256()
         offset = _rehash_partial(partial, hasher, size)
         report = progress or (lambda _p: None)
@@ -241,14 +278,6 @@ def parse_manifest(name: ModelName, raw: bytes, store: Path, source: str) -> dic
     return manifest
 
 
-def _layer_sizes(manifest: dict[str, Any]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for desc in [manifest.get("config"), *manifest["layers"]]:
-        if isinstance(desc, dict) and isinstance(desc.get("digest"), str):
-            sizes[desc["digest"]] = int(desc.get("size") or 0)
-    return sizes
-
-
 def pull_direct(name: ModelName, store: Path, *, base_url: str,
                 progress: ProgressCallback | None = None,
                 cancel: threading.Event | None = None,
@@ -259,15 +288,12 @@ def pull_direct(name: ModelName, store: Path, *, base_url: str,
         report(PullProgress("", 0, 0, "pulling manifest"))
         raw = client.get_manifest(name)
         manifest = parse_manifest(name, raw, store, base_url)
-        sizes = _layer_sizes(manifest)
+        sizes = blob_sizes(manifest)
         for digest in manifest_digests(manifest):
-            dest = blob_path(store, digest)
-            if dest.is_file() and dest.stat().st_size == sizes[digest]:
-                # Only verified blobs ever get their final name, so present means good.
-                report(PullProgress(digest, sizes[digest], sizes[digest], "exists"))
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            client.download_blob(name, digest, sizes[digest], dest, progress, cancel)
+            _fetch_blob(client, name, store, digest, sizes.get(digest, 0), report, cancel)
+    # Every blob is present and verified (by this pull or another): only now the manifest. A
+    # concurrent pull of the same model writes the same bytes; atomic_write's temporary name is
+    # its own, so the two renames cannot mix.
     report(PullProgress("", 0, 0, "writing manifest"))
     target = manifest_path(store, name)
     try:
@@ -277,3 +303,37 @@ def pull_direct(name: ModelName, store: Path, *, base_url: str,
                         "again") from exc
     report(PullProgress("", 0, 0, "success"))
     return target
+
+
+def _fetch_blob(client: RegistryClient, name: ModelName, store: Path, digest: str, size: int,
+                report: ProgressCallback, cancel: threading.Event | None) -> None:
+    """Make the blob ``digest`` present and verified, downloaded here or by another pull."""
+    if blob_problem(store, digest, size) is None:
+        # Only verified blobs ever get their final name, so the right size means good.
+        report(PullProgress(digest, size, size, "exists"))
+        return
+    dest = blob_path(store, digest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with blob_lock(store, digest, cancel=cancel,
+                   waiting=waiting_reporter(report, digest, size, dest)):
+        # Looked at again under the lock: another pull may have completed it while we waited.
+        problem = blob_problem(store, digest, size)
+        if problem is None:
+            report(PullProgress(digest, size, size, "exists"))
+            return
+        _discard_wrong_size(dest, name, problem)
+        client.download_blob(name, digest, size, dest, report, cancel)
+
+
+def _discard_wrong_size(dest: Path, name: ModelName, problem: str) -> None:
+    # Content-addressed: a blob of the wrong size can never be right, and nothing else may
+    # replace it while we hold its lock. Deleted rather than kept aside: it is useless and may
+    # be gigabytes that nothing would ever clean up.
+    if not dest.exists():
+        return
+    log.warning("%s: %s; fetching it again", name, problem)
+    try:
+        dest.unlink()
+    except OSError as exc:
+        raise PullError(f"{name}: cannot remove the damaged blob {dest} ({exc.strerror}); "
+                        "remove it and pull again") from exc

@@ -76,7 +76,10 @@ class ModelManagerScreen(Screen[None]):
         table = self.query_one("#models", DataTable)
         table.clear()
         for m in message.models:
-            table.add_row(m.name, human_bytes(m.size), str(m.path), key=m.name)
+            if m.problem:  # damaged: never shown with a size, as if it could be loaded
+                table.add_row(m.name, "DAMAGED", m.problem, key=m.name)
+            else:
+                table.add_row(m.name, human_bytes(m.size), str(m.path), key=m.name)
         if message.error is not None:
             self.lsapp.show_error(message.error)
         elif not message.models:

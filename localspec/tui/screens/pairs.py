@@ -26,6 +26,10 @@ def _yes_no(value: bool | None) -> str:
     return "…" if value is None else ("yes" if value else "no")
 
 
+def _presence(pair: PairStatus) -> str:
+    return "DAMAGED" if pair.damaged else _yes_no(pair.present)
+
+
 class PairPickerScreen(Screen[PairStatus | None]):
     """Dismisses with the chosen pair (the app loads it) or None."""
 
@@ -78,7 +82,7 @@ class PairPickerScreen(Screen[PairStatus | None]):
     def on_pair_checked(self, message: PairChecked) -> None:
         p = message.pair
         table = self.query_one(DataTable)
-        row = (p.name, p.target, p.draft or "—", p.draft_mode, _yes_no(p.present),
+        row = (p.name, p.target, p.draft or "—", p.draft_mode, _presence(p),
                human_bytes(p.size) if p.size else "—", _yes_no(p.compatible), p.source)
         if p.name in self.pairs:
             for col, value in zip(table.columns, row, strict=True):
@@ -148,6 +152,10 @@ class PairPickerScreen(Screen[PairStatus | None]):
         name = self._highlighted()
         pair = self.pairs.get(name or "")
         if pair is None:
+            return
+        if pair.damaged:
+            self.notify(f"Cannot load {pair.name}: {pair.problem} (or pull it again in the model "
+                        "manager, F3)", severity="error")
             return
         if pair.present is False:
             self.notify(f"{pair.problem or 'models missing'} — pull them in the model manager "
