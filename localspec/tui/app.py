@@ -93,6 +93,8 @@ class LocalspecApp(App[int]):
         self.call_after_refresh(self._start)
 
     def _start(self) -> None:
+        if self._exit:  # quit before the first refresh: a worker started now is never cancelled
+            return      # and its thread keeps the process alive after the app has closed
         self.watch_machine()
         if self.initial_spec is not None:
             self.load(self.initial_spec)
