@@ -3,11 +3,16 @@
 Each message is committed as soon as it is complete (WAL mode, one transaction per message), so a
 crash or kill loses at most the answer being generated. Also keeps measured decoding rates per
 pair, so the TUI can show plain decoding's speed beside speculative decoding's.
+
+Opening checks the file: one SQLite cannot read raises DamagedChatStoreError, and
+``DamagedChatHistory`` moves it aside (never deletes it) once the user or a flag says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sqlite3
 import threading
@@ -18,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .errors import ChatStoreError, DamagedChatStoreError
+from .files import fsync_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -78,14 +85,15 @@ class ChatStore:
     """One SQLite database. Safe to call from any thread (calls are serialised)."""
 
     def __init__(self, path: Path | None = None) -> None:
+        """Open (or create) the database at ``path``.
+
+        Raises DamagedChatStoreError when SQLite cannot read the file, ChatStoreError when it
+        cannot be opened at all (a folder in its place, no permission, locked by another
+        program); never a bare sqlite3 or OS error.
+        """
         self.path = path or default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
+        self._db = _open(self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -185,6 +193,161 @@ class ChatStore:
         rows = self._read("SELECT tokens_per_second FROM rates WHERE pair = ? AND mode = ?",
                           (pair, mode))
         return float(rows[0][0]) if rows else None
+
+
+# -- opening and checking --------------------------------------------------------------------
+# SQLite's result codes for a file it cannot read as a database. Other errors while opening
+# (SQLITE_CANTOPEN, SQLITE_READONLY, SQLITE_BUSY, "no such column" from another program's schema)
+# say nothing against the file, so it is never offered to be moved aside for them.
+_DAMAGE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = ("a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError))
+               else exc.strerror or str(exc))
+        raise ChatStoreError(f"cannot create the folder {path.parent} for the chat history: "
+                             f"{why}") from exc
+    _check(path)
+    try:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise _open_error(path, exc) from exc
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.executescript(SCHEMA)
+    except sqlite3.Error as exc:
+        db.close()
+        raise _open_error(path, exc) from exc
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _check(path: Path) -> None:
+    """Raise DamagedChatStoreError unless SQLite reads the file's schema and every page's
+    structure (quick_check: integrity_check without comparing index contents, milliseconds for
+    a chat history), so damage shows here and not halfway through a chat.
+
+    The check never writes: closing a read-write connection to a damaged file checkpoints its
+    -wal into it and deletes the -wal and -shm (measured with SQLite 3.40, even with a valid
+    -wal), and those belong with the damaged file. A file without SQLite's header is refused
+    before SQLite opens it at all, which leaves even its -shm as it was.
+    """
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return  # a new database
+    except OSError:
+        head = b""  # a folder, no permission: the connection below says what is wrong
+    if head and head != SQLITE_HEADER:  # empty is fine: SQLite starts a database in it
+        raise DamagedChatStoreError(path, "file is not a database")  # SQLite's words for it
+    try:
+        check = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = check.execute("PRAGMA quick_check(1)").fetchall()
+        finally:
+            check.close()
+    except sqlite3.Error as exc:
+        raise _open_error(path, exc) from exc
+    if rows != [("ok",)]:
+        raise DamagedChatStoreError(path, _first_problem(rows))
+
+
+def _first_problem(rows: list[Any]) -> str:
+    # quick_check reports "*** in database main ***" then the problem, on several lines.
+    lines = [line.strip() for row in rows for line in str(row[0]).splitlines()]
+    found = [line for line in lines if line and not line.startswith("***")]
+    return f"integrity check failed: {found[0] if found else 'no detail'}"
+
+
+def _open_error(path: Path, exc: sqlite3.Error) -> ChatStoreError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _DAMAGE_CODES:  # extended codes keep the primary low
+        return DamagedChatStoreError(path, str(exc))
+    return ChatStoreError(f"cannot open the chat history {path}: {_why_unopenable(path, exc)}")
+
+
+def _why_unopenable(path: Path, exc: sqlite3.Error) -> str:
+    # SQLite says "unable to open database file" for most of these; name the usual causes.
+    with contextlib.suppress(OSError):
+        if path.is_dir():
+            return "it is a folder, not a database file"
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            return "no permission to read and write it"
+        if not os.access(path.parent, os.W_OK):
+            return f"{path.parent} is not writable"
+    return str(exc)
+
+
+# -- moving a damaged database aside ----------------------------------------------------------
+# SQLite's side files. They must move with the database: a -wal left behind would be replayed
+# into the new, empty database created under the same name ("mispairing database files and hot
+# journals" in SQLite's "How To Corrupt An SQLite Database File").
+SIDE_SUFFIXES = ("-wal", "-shm")
+
+
+def _with_side_files(path: Path) -> list[Path]:
+    return [path, *(path.with_name(path.name + s) for s in SIDE_SUFFIXES)]
+
+
+def aside_path(path: Path, now: float | None = None) -> Path:
+    """A free name beside ``path`` for it once damaged: ``chats.sqlite3.damaged-YYYYmmdd-HHMMSS``
+    (with ``-2``, ``-3``... when that is taken, side files included)."""
+    stem = f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+    candidate, n = path.with_name(stem), 1
+    while any(p.exists() for p in _with_side_files(candidate)):
+        n += 1
+        candidate = path.with_name(f"{stem}-{n}")
+    return candidate
+
+
+def move_aside(path: Path, aside: Path) -> None:
+    """Rename ``path`` and its -wal/-shm files (where present) to ``aside`` and its side names.
+
+    Nothing is deleted or overwritten: a name already taken raises FileExistsError. A file
+    already moved (a retry after a failure part way) is skipped.
+    """
+    for src, dst in zip(_with_side_files(path), _with_side_files(aside), strict=True):
+        if not src.exists():
+            continue
+        if dst.exists():
+            raise FileExistsError(f"{dst} already exists")
+        os.rename(src, dst)
+    fsync_dir(path.parent)
+
+
+class DamagedChatHistory:
+    """A chat database that failed its check, left where it is until someone agrees to move it.
+
+    ``aside`` is fixed when the damage is found, so the name shown in a question is the name
+    used. ``store`` is the fresh store once ``recover`` has run, None before (the user declined
+    or has not answered).
+    """
+
+    def __init__(self, error: DamagedChatStoreError) -> None:
+        self.error = error
+        self.path = error.path
+        self.aside = aside_path(error.path)
+        self.store: ChatStore | None = None
+
+    def recover(self) -> ChatStore:
+        """Move the damaged file (and its side files) aside and open a new, empty store in its
+        place. Raises ChatStoreError when the move or the new database fails."""
+        try:
+            move_aside(self.path, self.aside)
+        except OSError as exc:
+            raise ChatStoreError(f"cannot move {self.path} aside to {self.aside}: "
+                                 f"{exc.strerror or exc}") from exc
+        self.store = ChatStore(self.path)
+        return self.store
 
 
 def _chat(r: sqlite3.Row) -> Chat:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class LocalspecError(Exception):
     """An error a user can act on. ``str(err)`` is one line that says what to do."""
@@ -72,3 +74,24 @@ class PullError(LocalspecError):
     """Pulling a model failed (network, registry, checksum, disk)."""
 
     title = "Pull failed"
+
+
+class ChatStoreError(LocalspecError):
+    """The chat database cannot be opened (a folder in its place, no permission, locked)."""
+
+    title = "Chat history unavailable"
+
+
+class DamagedChatStoreError(ChatStoreError):
+    """The chat database is not one SQLite can read (random bytes, a torn page).
+
+    ``path`` and ``reason`` stay apart from the message so the app can ask what to do with the
+    file; ``hint`` (optional) ends the one line with what the user can run.
+    """
+
+    title = "Damaged chat history"
+
+    def __init__(self, path: Path, reason: str, hint: str = "") -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path} is damaged ({reason})" + (f"; {hint}" if hint else ""))

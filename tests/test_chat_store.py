@@ -1,10 +1,17 @@
-"""chat_store.py: chats survive reopening; rename, delete, export; measured rates."""
+"""chat_store.py: chats survive reopening; rename, delete, export; measured rates; a damaged
+database is a typed error and is moved aside, never deleted."""
 
 from __future__ import annotations
 
+import os
+import re
+import sqlite3
 from pathlib import Path
 
-from localspec.chat_store import ChatStore
+import pytest
+
+from localspec.chat_store import ChatStore, DamagedChatHistory, aside_path, move_aside
+from localspec.errors import ChatStoreError, DamagedChatStoreError
 
 
 def test_messages_persist_across_reopen(tmp_path: Path) -> None:
@@ -58,3 +65,128 @@ def test_memory_estimate_of_a_real_pair(target_gguf: Path, draft_gguf: Path) -> 
     assert est.weights == target_gguf.stat().st_size + draft_gguf.stat().st_size
     assert est.kv_cache == kv_cache_bytes(target_gguf, 1024) + kv_cache_bytes(draft_gguf, 1024)
     assert est.kv_cache > 0 and est.fits is False
+
+
+# -- damaged and unusable databases -----------------------------------------------------------
+def test_random_bytes_are_a_damaged_store_naming_the_file(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    original = os.urandom(8192)
+    db.write_bytes(original)
+    with pytest.raises(DamagedChatStoreError) as caught:
+        ChatStore(db)
+    err = caught.value
+    assert err.path == db and err.reason == "file is not a database"
+    assert str(err) == f"{db} is damaged (file is not a database)"
+    assert db.read_bytes() == original  # looking is not touching
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.sqlite3"]
+
+
+def test_a_torn_page_is_damaged_and_checking_writes_nothing(tmp_path: Path) -> None:
+    import shutil
+
+    live = tmp_path / "live" / "chats.sqlite3"
+    store = ChatStore(live)
+    chat = store.create_chat("long")
+    for i in range(300):
+        store.add_message(chat.id, "user", f"message {i} " * 20)
+    store.close()  # the last connection checkpoints the WAL into the file
+    store = ChatStore(live)
+    store.add_message(chat.id, "user", "the newest, only in the -wal")
+    # A copy taken now is what a crash leaves: a database and a -wal not yet folded into it.
+    crashed = tmp_path / "chats.sqlite3"
+    shutil.copy(live, crashed)
+    shutil.copy(f"{live}-wal", f"{crashed}-wal")
+    store.close()
+    data = bytearray(crashed.read_bytes())
+    page = 4096  # SQLite's default page size; a middle page holds old rows, not in the -wal
+    middle = len(data) // page // 2
+    data[middle * page:(middle + 1) * page] = os.urandom(page)
+    crashed.write_bytes(bytes(data))
+    wal = Path(f"{crashed}-wal").read_bytes()
+    with pytest.raises(DamagedChatStoreError) as caught:
+        ChatStore(crashed)
+    reason = caught.value.reason
+    assert reason.startswith("integrity check failed: ") and "\n" not in reason
+    # Neither the file nor its -wal was written: a read-write close would have folded the
+    # -wal into the damaged file and deleted it.
+    assert crashed.read_bytes() == bytes(data)
+    assert Path(f"{crashed}-wal").read_bytes() == wal
+
+
+def test_moving_aside_keeps_every_byte_and_a_fresh_store_works(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    original, wal, shm = os.urandom(8192), os.urandom(4096), os.urandom(1024)
+    db.write_bytes(original)
+    (tmp_path / "chats.sqlite3-wal").write_bytes(wal)
+    (tmp_path / "chats.sqlite3-shm").write_bytes(shm)
+    with pytest.raises(DamagedChatStoreError) as caught:
+        ChatStore(db)
+    damaged = DamagedChatHistory(caught.value)
+    assert re.fullmatch(r"chats\.sqlite3\.damaged-\d{8}-\d{6}", damaged.aside.name)
+    store = damaged.recover()
+    assert damaged.store is store
+    assert damaged.aside.read_bytes() == original
+    assert Path(f"{damaged.aside}-wal").read_bytes() == wal
+    assert Path(f"{damaged.aside}-shm").read_bytes() == shm
+    # The new database starts empty (the old -wal was not replayed into it) and works.
+    assert store.list_chats() == []
+    chat = store.create_chat("after")
+    store.add_message(chat.id, "user", "still here")
+    store.close()
+    again = ChatStore(db)
+    assert [m.content for m in again.messages(chat.id)] == ["still here"]
+    again.close()
+
+
+def test_moving_aside_never_overwrites(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    db.write_bytes(b"damaged")
+    now = 1_700_000_000.0
+    first = aside_path(db, now)
+    Path(f"{first}-shm").write_bytes(b"an older one")  # a side file alone takes the name too
+    second = aside_path(db, now)
+    assert second.name == f"{first.name}-2"
+    first.write_bytes(b"older still")
+    with pytest.raises(FileExistsError):
+        move_aside(db, first)
+    assert db.read_bytes() == b"damaged" and first.read_bytes() == b"older still"
+    move_aside(db, second)
+    assert second.read_bytes() == b"damaged" and not db.exists()
+
+
+def test_another_readable_schema_is_not_damaged(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    con = sqlite3.connect(db)  # a newer localspec: one more column, one more table
+    con.executescript("CREATE TABLE chats (id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
+                      "pair TEXT, system_prompt TEXT NOT NULL DEFAULT '', created REAL NOT NULL,"
+                      " updated REAL NOT NULL, folder TEXT);"
+                      "CREATE TABLE folders (name TEXT); INSERT INTO folders VALUES ('work');")
+    con.close()
+    store = ChatStore(db)
+    store.create_chat("works")
+    assert [c.title for c in store.list_chats()] == ["works"]
+    assert store._read("SELECT name FROM folders")[0][0] == "work"
+    store.close()
+
+    other = tmp_path / "other.sqlite3"
+    con = sqlite3.connect(other)  # readable, but not ours: an error that offers no moving
+    con.executescript("CREATE TABLE messages (id INTEGER PRIMARY KEY, body TEXT);")
+    con.close()
+    with pytest.raises(ChatStoreError) as caught:
+        ChatStore(other)
+    assert not isinstance(caught.value, DamagedChatStoreError)
+    assert str(other) in str(caught.value) and "chat_id" in str(caught.value)
+
+
+def test_a_folder_in_the_way_is_one_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    db.mkdir()
+    with pytest.raises(ChatStoreError) as caught:
+        ChatStore(db)
+    assert not isinstance(caught.value, DamagedChatStoreError)
+    assert str(caught.value) == (f"cannot open the chat history {db}: "
+                                 "it is a folder, not a database file")
+    blocked = tmp_path / "data"
+    blocked.write_text("a file where the data folder should be")
+    with pytest.raises(ChatStoreError, match="a file is in the way"):
+        ChatStore(blocked / "chats.sqlite3")

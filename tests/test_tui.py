@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, Static
 
-from localspec.chat_store import ChatStore
+from localspec.chat_store import ChatStore, DamagedChatHistory
 from localspec.config import Settings, load_settings, save_settings
 from localspec.engine import ModelSettings
 from localspec.errors import ModelLoadError
 from localspec.loading import EngineSpec, load_engine
+from localspec.tui import open_chat_store
 from localspec.tui.app import LocalspecApp
-from localspec.tui.screens.dialogs import ErrorScreen
+from localspec.tui.screens.dialogs import ConfirmScreen, ErrorScreen
 from localspec.tui.widgets.machine_gauge import MachineGauge
 from tests.tui_fakes import FIXED_CPU_SAMPLE, FakeLibrary, FakeMonitor
 
@@ -36,13 +38,14 @@ def make_app(tmp_path: Path, target_gguf: Path, draft_gguf: Path
 
     def make(settings: Settings | None = None, spec: EngineSpec | None = "tiny",  # type: ignore
              factory: Any = load_engine, monitor: Any = None,
-             library: Any = None) -> LocalspecApp:
+             library: Any = None,
+             store: ChatStore | DamagedChatHistory | None = None) -> LocalspecApp:
         # One llama.cpp thread: on a loaded 2-core machine more threads spin against the UI.
         one = ModelSettings(n_threads=1)
         if spec == "tiny":
             spec = EngineSpec(target=str(target_gguf), draft=str(draft_gguf), pair_name="tiny",
                               target_settings=one, draft_settings=one)
-        return LocalspecApp(factory, monitor or FakeMonitor(), ChatStore(db),
+        return LocalspecApp(factory, monitor or FakeMonitor(), store or ChatStore(db),
                             library or FakeLibrary(target_gguf, draft_gguf),
                             settings or Settings(max_tokens=40, threads=1),
                             save_settings=save_settings,
@@ -323,6 +326,89 @@ async def test_chat_through_a_remote_server(make_app: Callable[..., LocalspecApp
     finally:
         server.stop()
         engine.close()
+
+
+# -- a damaged chat history ---------------------------------------------------------------------
+def damaged_history(tmp_path: Path) -> tuple[Path, bytes, DamagedChatHistory]:
+    """A chat database of random bytes, found damaged the way open_tui finds it on a terminal."""
+    db = tmp_path / "damaged" / "chats.sqlite3"
+    db.parent.mkdir()
+    original = os.urandom(8192)
+    db.write_bytes(original)
+    history = open_chat_store(reset_damaged=False, ask=True, path=db)
+    assert isinstance(history, DamagedChatHistory)
+    return db, original, history
+
+
+async def wait_for_question(pilot: Any, app: LocalspecApp) -> str:
+    """Wait until the question about the damaged file is on screen, laid out; return its text."""
+    def laid_out() -> bool:
+        buttons = app.screen.query("#yes, #no") if isinstance(app.screen, ConfirmScreen) else []
+        return len(buttons) == 2 and all(b.region.area for b in buttons)
+
+    await wait_for(pilot, laid_out)
+    return str(app.screen.query_one(".dialog-body", Static).render())
+
+
+async def test_damaged_history_moved_aside_with_consent(make_app: Callable[..., LocalspecApp],
+                                                        tmp_path: Path) -> None:
+    db, original, history = damaged_history(tmp_path)
+    app = make_app(store=history, monitor=FakeMonitor(FIXED_CPU_SAMPLE))
+    async with app.run_test(size=SIZE) as pilot:
+        text = await wait_for_question(pilot, app)
+        assert text == (f"{db} is damaged (file is not a database). Move it aside to "
+                        f"{history.aside} and start with an empty chat history?")
+        # Under the question the gauges keep running; the command palette (a priority key that
+        # would reach saved chats) stays shut.
+        await wait_for(pilot, lambda: app.chat.query_one(MachineGauge).sample is not None)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.click("#yes")
+        await wait_for(pilot, lambda: app.engine is not None)  # the pair loads once answered
+        assert history.aside.read_bytes() == original
+        await send(pilot, app, "hello again")
+        await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 2)
+        stored = app.store.messages(app.chat.chat_id)
+        assert [m.role for m in stored] == ["user", "assistant"] and stored[1].content
+    assert history.store is app.store
+    reopened = ChatStore(db)
+    assert [c.id for c in reopened.list_chats()] == [app.chat.chat_id]
+    reopened.close()
+
+
+async def test_declining_leaves_the_damaged_history_alone(make_app: Callable[..., LocalspecApp],
+                                                          tmp_path: Path) -> None:
+    db, original, history = damaged_history(tmp_path)
+    app = make_app(store=history, spec=None)
+    async with app.run_test(size=SIZE) as pilot:
+        assert str(db) in await wait_for_question(pilot, app)
+        await pilot.click("#no")
+        await pilot.pause()
+    assert app.return_value == 1
+    assert history.store is None  # open_tui reports the file on stderr after this
+    assert db.read_bytes() == original
+    assert [p.name for p in db.parent.iterdir()] == ["chats.sqlite3"]
+
+
+async def test_a_failed_move_is_shown_and_asked_again(make_app: Callable[..., LocalspecApp],
+                                                      tmp_path: Path) -> None:
+    db, original, history = damaged_history(tmp_path)
+    history.aside.write_bytes(b"someone else's file")  # the name is taken after the question
+    app = make_app(store=history, spec=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for_question(pilot, app)
+        await pilot.click("#yes")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert app.screen.error_title == "Chat history unavailable"
+        assert f"cannot move {db} aside" in app.screen.error_message
+        await pilot.press("enter")
+        await wait_for_question(pilot, app)
+        await pilot.click("#no")
+        await pilot.pause()
+    assert app.return_value == 1
+    assert db.read_bytes() == original  # nothing overwritten, nothing moved
+    assert history.aside.read_bytes() == b"someone else's file"
 
 
 def test_control_characters_are_shown_harmlessly() -> None:

@@ -17,7 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--url", help="chat with an OpenAI-compatible server instead (e.g. "
                                  "http://127.0.0.1:8080)")
     p.add_argument("--api-key", help="bearer token for --url")
-    p.set_defaults(func=run, pair=None, target=None, draft=None, url=None, api_key=None)
+    p.add_argument("--reset-damaged-chats", action="store_true",
+                   help="if the chat history database is damaged, move it aside (it is kept, "
+                        "renamed *.damaged-DATE) and start an empty one without asking")
+    p.set_defaults(func=run, pair=None, target=None, draft=None, url=None, api_key=None,
+                   reset_damaged_chats=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,4 +45,5 @@ def run(args: argparse.Namespace) -> int:
             spec = EngineSpec(target=args.target, draft=args.draft,
                               target_settings=target_settings, draft_settings=draft_settings,
                               draft_mode="model" if args.draft else "lookup")
-    return open_tui(spec, url=args.url, api_key=args.api_key)
+    return open_tui(spec, url=args.url, api_key=args.api_key,
+                    reset_damaged_chats=args.reset_damaged_chats)

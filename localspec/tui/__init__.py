@@ -7,12 +7,23 @@ Nothing is imported from Textual at package import: ``localspec.tui.open_tui`` i
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..chat_store import ChatStore, DamagedChatHistory
+from ..errors import DamagedChatStoreError
 
 if TYPE_CHECKING:
     from ..loading import EngineSpec
+
+log = logging.getLogger(__name__)
+
+# How a user who said no (or a script that cannot be asked) moves a damaged chat history aside.
+RESET_HINT = ("`localspec tui --reset-damaged-chats` moves it aside and starts an empty "
+              "chat history")
 
 
 @contextmanager
@@ -48,21 +59,59 @@ def remote_factory(url: str, api_key: str | None = None) -> tuple[Any, EngineSpe
     return factory, _Spec(target=url, pair_name=url, draft_mode="remote")
 
 
+def can_ask() -> bool:
+    """Whether someone can answer a question in the app: Textual reads keys from stdin and
+    draws on stderr."""
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stderr))
+
+
+def open_chat_store(*, reset_damaged: bool, ask: bool,
+                    path: Path | None = None) -> ChatStore | DamagedChatHistory:
+    """The chat store the app starts with (the default database unless ``path``).
+
+    A damaged database is moved aside at once with ``reset_damaged``; otherwise, when the app
+    can ``ask``, it comes back as DamagedChatHistory for the app to ask about; otherwise
+    DamagedChatStoreError is raised, naming the file and the flag that moves it. ChatStoreError
+    (a folder in its place, no permission) is raised as it is: moving would not help.
+    """
+    try:
+        return ChatStore(path)
+    except DamagedChatStoreError as exc:
+        damaged = DamagedChatHistory(exc)
+    if reset_damaged:
+        store = damaged.recover()
+        log.warning("moved the damaged chat history %s (%s) aside to %s; starting an empty one",
+                    damaged.path, damaged.error.reason, damaged.aside)
+        return store
+    if ask:
+        return damaged
+    raise _refused(damaged)
+
+
+def _refused(damaged: DamagedChatHistory) -> DamagedChatStoreError:
+    return DamagedChatStoreError(damaged.path, damaged.error.reason, hint=RESET_HINT)
+
+
 def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
-             api_key: str | None = None) -> int:
+             api_key: str | None = None, reset_damaged_chats: bool = False) -> int:
     """Open the chat app, loading ``spec`` (or connecting to ``url``) first when given.
 
-    Raises LocalspecError for a malformed config file (the CLI prints it); everything that goes
-    wrong once the app is running is shown inside the app.
+    Raises LocalspecError for a malformed config file or a chat history that cannot be used
+    (the CLI prints it). A damaged chat history is moved aside with ``reset_damaged_chats``,
+    else the app asks first; declining raises DamagedChatStoreError once the app has closed.
+    Everything else that goes wrong once the app is running is shown inside the app.
     """
-    from ..chat_store import ChatStore
     from ..config import load_settings, save_settings
+
+    settings = load_settings()
+    # Before the heavy imports below: a chat history that cannot be used fails in a blink.
+    history = open_chat_store(reset_damaged=reset_damaged_chats, ask=can_ask())
+
     from ..engine.llama_backend import route_llama_logs_to_logging
     from ..models.library import DefaultLibrary
     from ..monitor import SystemMonitor
     from .app import LocalspecApp
 
-    settings = load_settings()
     factory: Any
     if url is not None:
         factory, spec = remote_factory(url, api_key)
@@ -72,12 +121,15 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
         factory = load_engine
     # llama.cpp writes to stderr (which Textual draws on) unless its log goes to `logging`.
     route_llama_logs_to_logging()
-    store = ChatStore()
     try:
         with _logs_to_file():
-            app = LocalspecApp(factory, SystemMonitor(), store, DefaultLibrary(), settings,
+            app = LocalspecApp(factory, SystemMonitor(), history, DefaultLibrary(), settings,
                                save_settings=save_settings, spec=spec)
             result = app.run()
     finally:
-        store.close()
+        store = history.store if isinstance(history, DamagedChatHistory) else history
+        if store is not None:
+            store.close()
+    if isinstance(history, DamagedChatHistory) and history.store is None:
+        raise _refused(history)  # declined (or quit) in the app: the file is where it was
     return int(result or 0)

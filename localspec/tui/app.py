@@ -19,15 +19,21 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from .. import paths
-from ..chat_store import ChatStore
+from ..chat_store import ChatStore, DamagedChatHistory
 from ..config import Settings, model_settings
 from ..errors import LocalspecError
 from ..loading import EngineSpec
 from ..models.library import ModelLibrary, PairStatus
 from ..monitor import MachineSample, Monitor
-from .messages import ModelLoaded, ModelLoadFailed, SampleTaken
+from .messages import (
+    ChatHistoryMovedAside,
+    ChatHistoryMoveFailed,
+    ModelLoaded,
+    ModelLoadFailed,
+    SampleTaken,
+)
 from .screens.chat import ChatScreen
-from .screens.dialogs import ErrorScreen
+from .screens.dialogs import ConfirmScreen, ErrorScreen
 from .screens.help import HelpScreen
 
 EngineFactory = Callable[[EngineSpec], Any]
@@ -61,15 +67,24 @@ class LocalspecApp(App[int]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, engine_factory: EngineFactory, monitor: Monitor, store: ChatStore,
-                 library: ModelLibrary, settings: Settings, *,
+    def __init__(self, engine_factory: EngineFactory, monitor: Monitor,
+                 store: ChatStore | DamagedChatHistory, library: ModelLibrary,
+                 settings: Settings, *,
                  save_settings: Callable[[Settings], Any] | None = None,
                  spec: EngineSpec | None = None, export_dir: Path | None = None,
                  sample_interval: float = 0.5) -> None:
         super().__init__()
         self.engine_factory = engine_factory
         self.monitor = monitor
-        self.store = store
+        # A damaged history is resolved through a question before anything reads the store
+        # (see "damaged chat history" below); ``store`` is set once it is.
+        self.store: ChatStore
+        self.damaged_history: DamagedChatHistory | None = None
+        if isinstance(store, DamagedChatHistory):
+            self.damaged_history = store
+            self.use_command_palette = False  # a priority key: it would reach saved chats
+        else:
+            self.store = store
         self.library = library
         self.settings = settings
         self._save_settings = save_settings
@@ -93,9 +108,55 @@ class LocalspecApp(App[int]):
         self.call_after_refresh(self._start)
 
     def _start(self) -> None:
+        if self._exit:  # quit before the first refresh: a worker started now is never cancelled
+            return      # and its thread keeps the process alive after the app has closed
         self.watch_machine()
+        if self.damaged_history is not None:
+            self._ask_about_damaged_history(self.damaged_history)
+        elif self.initial_spec is not None:
+            self.load(self.initial_spec)
+
+    # -- damaged chat history -----------------------------------------------------------------
+    # Nothing uses the store until the user agrees to move the damaged file aside; the gauges
+    # run meanwhile, and the first pair loads once the new store is in hand.
+    def _ask_about_damaged_history(self, damaged: DamagedChatHistory) -> None:
+        question = (f"{damaged.path} is damaged ({damaged.error.reason}). Move it aside to "
+                    f"{damaged.aside} and start with an empty chat history?")
+
+        def answered(move: bool | None) -> None:
+            if move:
+                self._move_history_aside(damaged)
+            else:
+                self.exit(1)  # the file stays; open_tui reports it once the app has closed
+
+        self.push_screen(ConfirmScreen(question, title=damaged.error.title,
+                                       yes="Move aside and continue", no="Quit"), answered)
+
+    @work(thread=True, exclusive=True, group="chat-history", exit_on_error=False)
+    def _move_history_aside(self, damaged: DamagedChatHistory) -> None:
+        try:
+            store = damaged.recover()
+        except Exception as exc:  # shown in the app, then the question again
+            self.post_message(ChatHistoryMoveFailed(exc))
+            return
+        self.post_message(ChatHistoryMovedAside(store, damaged.aside))
+
+    def on_chat_history_moved_aside(self, message: ChatHistoryMovedAside) -> None:
+        self.store = message.store
+        self.damaged_history = None
+        self.use_command_palette = self.ENABLE_COMMAND_PALETTE
+        self.notify(f"Damaged chat history moved to {message.aside}")
         if self.initial_spec is not None:
             self.load(self.initial_spec)
+
+    def on_chat_history_move_failed(self, message: ChatHistoryMoveFailed) -> None:
+        damaged = self.damaged_history
+
+        def dismissed(_: None) -> None:
+            if damaged is not None:  # ask again: the user may have fixed it, or wants to quit
+                self._ask_about_damaged_history(damaged)
+
+        self.push_screen(ErrorScreen(*describe_error(message.error)), dismissed)
 
     # -- machine gauges -----------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="monitor", exit_on_error=False)

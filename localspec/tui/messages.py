@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from textual.message import Message
 
+from ..chat_store import ChatStore
 from ..engine import Finished, TextChunk
 from ..loading import EngineSpec
 from ..models.library import LocalModel, PairStatus
@@ -43,6 +45,19 @@ class GenerationFinished(Message):
 @dataclass
 class GenerationFailed(Message):
     generation: int
+    error: Exception
+
+
+@dataclass
+class ChatHistoryMovedAside(Message):
+    """A damaged chat database was moved to ``aside``; ``store`` is the new, empty one."""
+
+    store: ChatStore
+    aside: Path
+
+
+@dataclass
+class ChatHistoryMoveFailed(Message):
     error: Exception
 
 

@@ -62,18 +62,25 @@ class TextPromptScreen(ModalScreen[str | None]):
 
 
 class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question; the buttons may say what each answer does."""
+
     BINDINGS = [Binding("escape", "no", "No"), Binding("y", "yes", "Yes")]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, *, title: str | None = None, yes: str = "Yes",
+                 no: str = "No") -> None:
         super().__init__(classes="dialog-screen")
         self.question = question
+        self.question_title = title
+        self.yes_label, self.no_label = yes, no
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
+            if self.question_title:
+                yield Label(self.question_title, classes="dialog-title")
             yield Static(self.question, classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Yes", variant="warning", id="yes")
-                yield Button("No", id="no")
+                yield Button(self.yes_label, variant="warning", id="yes")
+                yield Button(self.no_label, id="no")
 
     @on(Button.Pressed, "#yes")
     def action_yes(self) -> None:
