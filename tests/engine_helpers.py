@@ -24,8 +24,9 @@ PROMPTS = (
 
 def run(engine: SpeculativeEngine, prompt: str, *, max_tokens: int = 48, mode: str = "model",
         k: int | None = None, sampling: SamplingParams = SamplingParams(),
-        stop: tuple[str, ...] = ()) -> Finished:
+        stop: tuple[str, ...] = (), exact: bool = False, rule: str = "auto") -> Finished:
     tokens = engine.tokenize(prompt, chat=False)
     req = GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sampling=sampling,
-                            stop=stop, draft=DraftSettings(mode=mode, k=k))  # type: ignore[arg-type]
+                            stop=stop, draft=DraftSettings(mode=mode, k=k, exact=exact,  # type: ignore[arg-type]
+                                                           rule=rule))  # type: ignore[arg-type]
     return engine.generate(req)

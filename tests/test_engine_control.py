@@ -70,24 +70,27 @@ def test_eos_stops_generation(tmp_path: Path) -> None:
             assert plain.tokens == r.tokens and plain.finish_reason == "stop"
 
 
-def test_cancellation_between_steps_and_engine_stays_usable(engine: SpeculativeEngine) -> None:
-    expected = run(engine, PROMPTS[3], max_tokens=60, k=3)
-    cancel = threading.Event()
-    req = GenerationRequest(prompt_tokens=engine.tokenize(PROMPTS[1], chat=False),
-                            max_tokens=400, draft=DraftSettings(k=3))
-    seen = 0
-    done = None
-    for event in engine.stream(req, cancel):
-        if isinstance(event, Finished):
-            done = event
-        else:
-            seen += 1
-            cancel.set()  # cancel as soon as the first text arrives
-    assert done is not None and done.finish_reason == "cancelled"
-    assert 0 < len(done.tokens) < 400
-    # Both KV caches were left consistent: the next request is unaffected.
-    again = run(engine, PROMPTS[3], max_tokens=60, k=3)
-    assert again.tokens == expected.tokens
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_cancellation_between_steps_and_engine_stays_usable(pair: tuple[Path, Path],
+                                                            sampled: bool) -> None:
+    """On F32, Q8_0 and Q4_K_M: a cancelled generation stops between steps and leaves both KV
+    caches consistent, so the next request is unaffected."""
+    sp = SamplingParams(temperature=0.8, seed=5) if sampled else SamplingParams()
+    with SpeculativeEngine.load(*pair, ModelSettings(n_ctx=512)) as engine:
+        expected = run(engine, PROMPTS[3], max_tokens=60, k=3, sampling=sp)
+        cancel = threading.Event()
+        req = GenerationRequest(prompt_tokens=engine.tokenize(PROMPTS[1], chat=False),
+                                max_tokens=400, sampling=sp, draft=DraftSettings(k=3))
+        done = None
+        for event in engine.stream(req, cancel):
+            if isinstance(event, Finished):
+                done = event
+            else:
+                cancel.set()  # cancel as soon as the first text arrives
+        assert done is not None and done.finish_reason == "cancelled"
+        assert 0 < len(done.tokens) < 400
+        again = run(engine, PROMPTS[3], max_tokens=60, k=3, sampling=sp)
+        assert again.tokens == expected.tokens
 
 
 def test_context_overflow_and_empty_prompt(engine: SpeculativeEngine) -> None:

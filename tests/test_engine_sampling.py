@@ -21,7 +21,9 @@ from localspec.engine import (
     SamplingParams,
     SpeculativeEngine,
 )
-from localspec.models.tiny import TinyModelSpec, write_tiny_model
+from localspec.models.tiny import TinyModelSpec, quantized_model, write_tiny_model
+
+from .engine_helpers import PROMPTS
 
 WORDS = ("a", "b")  # vocabulary: 3 control + 2 words + 26 letters + "▁" = 32 tokens
 PARAMS = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
@@ -116,10 +118,12 @@ def exact(small_pair: tuple[Path, Path], prompt: tuple[int, ...]) -> dict:
 
 
 @pytest.mark.parametrize("draft", [
+    DraftSettings(mode="model", k=1, rule="coupled"),
+    DraftSettings(mode="model", k=None, rule="coupled"),
     DraftSettings(mode="model", k=1, rule="rejection"),
     DraftSettings(mode="model", k=None, rule="rejection"),
     DraftSettings(mode="model", k=1, rule="match"),
-], ids=["rejection-k1", "rejection-auto", "sample-and-match"])
+], ids=["coupled-k1", "coupled-auto", "rejection-k1", "rejection-auto", "sample-and-match"])
 def test_speculative_sampling_matches_target_distribution(engine: SpeculativeEngine,
                                                           prompt: tuple[int, ...], exact: dict,
                                                           draft: DraftSettings) -> None:
@@ -127,6 +131,23 @@ def test_speculative_sampling_matches_target_distribution(engine: SpeculativeEng
     stat, df = _chi_square(counts, exact, sum(counts.values()))
     assert df >= 10
     assert stat < _critical(df), (stat, df)
+
+
+def test_coupled_sampling_on_a_quantized_target_matches_its_distribution(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same on llama.cpp's Q4_K_M (rows of 256 values: Q4_K's block size)."""
+    d = tmp_path_factory.mktemp("small-q")
+    spec = dict(words=WORDS, byte_tokens=False, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                output_scale=0.15)
+    target = quantized_model(d, "Q4_K_M", TinyModelSpec(seed=21, n_layer=2, **spec))
+    draft = quantized_model(d, "Q4_K_M", TinyModelSpec(seed=22, n_layer=1, **spec))
+    with SpeculativeEngine.load(target, draft, ModelSettings(n_ctx=64)) as eng:
+        prompt = eng.tokenize("a b", chat=False)
+        exact = _exact_joint(target, prompt)
+        counts = _sample_pairs(eng, prompt, DraftSettings(mode="model", k=None, rule="coupled"))
+        assert sum(1 for p in exact.values() if p * N_RUNS >= 5) >= 10  # a real distribution
+        stat, df = _chi_square(counts, exact, sum(counts.values()))
+        assert stat < _critical(df), (stat, df)
 
 
 def test_the_test_has_power(small_pair: tuple[Path, Path], prompt: tuple[int, ...],
@@ -159,9 +180,50 @@ def test_rejection_sampling_accepts_more_than_matching(engine: SpeculativeEngine
     assert acceptance("rejection") > acceptance("match")
 
 
-def test_seeded_sampling_is_reproducible(engine: SpeculativeEngine,
-                                         prompt: tuple[int, ...]) -> None:
-    sp = SamplingParams(temperature=0.8, seed=1234)
-    req = GenerationRequest(prompt_tokens=prompt, max_tokens=30, sampling=sp,
-                            draft=DraftSettings(mode="model", k=2))
-    assert engine.generate(req).tokens == engine.generate(req).tokens
+# -- a seed reproduces the text, whatever the drafting did ----------------------------------------
+SEEDS = (1, 7, 1234)
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+DRAFTINGS = [DraftSettings(mode="none"), DraftSettings(mode="model", k=None),
+             DraftSettings(mode="model", k=1), DraftSettings(mode="model", k=3),
+             DraftSettings(mode="model", k=8), DraftSettings(mode="lookup", k=None),
+             DraftSettings(mode="lookup", k=4)]
+
+
+def _seeded(engine: SpeculativeEngine, text: str, seed: int,
+            draft: DraftSettings) -> tuple[int, ...]:
+    sp = SamplingParams(temperature=SAMPLED.temperature, top_k=SAMPLED.top_k,
+                        top_p=SAMPLED.top_p, min_p=SAMPLED.min_p, seed=seed)
+    req = GenerationRequest(prompt_tokens=engine.tokenize(text, chat=False), max_tokens=40,
+                            sampling=sp, draft=draft)
+    return engine.generate(req).tokens
+
+
+def test_seeded_text_is_the_same_whatever_is_drafted(pair: tuple[Path, Path]) -> None:
+    """With a seed the text depends on (weights, prompt, settings, seed) only: every draft mode,
+    K and request order gives the target-alone text (F32, Q8_0 and Q4_K_M)."""
+    with SpeculativeEngine.load(*pair, ModelSettings(n_ctx=512)) as eng:
+        expected = {(p, s): _seeded(eng, p, s, DraftSettings(mode="none"))
+                    for p in PROMPTS[:3] for s in SEEDS}
+        assert len({expected[(PROMPTS[0], s)] for s in SEEDS}) == len(SEEDS)  # seeds matter
+        cases = [(p, s, d) for p in PROMPTS[:3] for s in SEEDS for d in DRAFTINGS]
+        drafted = 0
+        for order in (cases, cases[::-1]):
+            for p, s, d in order:
+                got = _seeded(eng, p, s, d)
+                assert got == expected[(p, s)], (p, s, d)
+        res = eng.generate(GenerationRequest(prompt_tokens=eng.tokenize(PROMPTS[0], chat=False),
+                                             max_tokens=40, sampling=SamplingParams(
+                                                 temperature=0.8, seed=1),
+                                             draft=DraftSettings(mode="model", k=3)))
+        drafted = res.stats.drafted
+        assert drafted > 0 and res.stats.accepted > 0
+    with SpeculativeEngine.load(*pair, ModelSettings(n_ctx=512)) as fresh:
+        assert _seeded(fresh, PROMPTS[0], SEEDS[0], DraftSettings(mode="model", k=2)) \
+            == expected[(PROMPTS[0], SEEDS[0])]
+
+
+def test_unseeded_requests_differ(engine: SpeculativeEngine, prompt: tuple[int, ...]) -> None:
+    sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    outs = {engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=12,
+                                              sampling=sp)).tokens for _ in range(8)}
+    assert len(outs) > 1

@@ -6,7 +6,7 @@ import numpy as np
 
 from localspec.engine.controller import AcceptanceModel, CostModel, DraftController
 from localspec.engine.drafters import PromptLookupDrafter, Proposal
-from localspec.engine.sampling import SamplingParams, distribution, residual
+from localspec.engine.sampling import Candidates, SamplingParams, distribution, residual
 from localspec.engine.text import TextAssembler
 
 
@@ -59,12 +59,46 @@ def test_distribution_filters_in_llama_cpp_order() -> None:
     assert r[0] < r[1]
 
 
+def _cands(ids: list[int], probs: list[float]) -> Candidates:
+    return Candidates(np.array(ids), np.zeros(len(ids)), np.array(probs))
+
+
 def test_residual_is_normalised_positive_part() -> None:
-    p = np.array([0.5, 0.3, 0.2])
-    q = np.array([0.2, 0.6, 0.2])
+    p = _cands([0, 1, 2], [0.5, 0.3, 0.2])
+    q = _cands([1, 0, 2], [0.6, 0.2, 0.2])  # another order: matched by token id
     r = residual(p, q)
-    assert np.allclose(r, [1.0, 0.0, 0.0])
-    assert np.allclose(residual(p, p), p)
+    assert np.allclose(r.probs, [1.0, 0.0, 0.0]) and list(r.ids) == [0, 1, 2]
+    assert np.allclose(residual(p, p).probs, p.probs)
+    # Tokens the draft could not propose keep their full target probability.
+    only = residual(_cands([0, 1, 5], [0.4, 0.4, 0.2]), _cands([0], [1.0]))
+    assert np.allclose(only.probs, [0.0, 2 / 3, 1 / 3])
+
+
+def test_candidates_match_a_dense_reference() -> None:
+    """The sparse processed distribution equals a straightforward dense computation of
+    llama-cpp-python's chain (top-k, top-p, min-p, temperature) on a 152k vocabulary."""
+    rng = np.random.default_rng(3)
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=0.7, top_k=0),
+                   SamplingParams(temperature=1.1, top_k=0, min_p=0.0, top_p=0.9),
+                   SamplingParams(temperature=0.5, top_k=20, top_p=1.0, min_p=0.0)):
+        logits = (rng.standard_normal(151_936) * 2.5).astype(np.float32)
+        logits[rng.integers(0, 151_936, 30)] += 9.0  # a peaked head, as real models have
+        x = logits.astype(np.float64)
+        order = np.argsort(-x, kind="stable")
+        if params.top_k:
+            order = order[:params.top_k]
+        probs = np.exp(x[order] - x[order][0])
+        probs /= probs.sum()
+        cut = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1) if params.top_p < 1 \
+            else order.size
+        order, probs = order[:cut], probs[:cut]
+        keep = probs >= params.min_p * probs[0]
+        order = order[keep]
+        want = np.exp((x[order] - x[order][0]) / params.temperature)
+        dense = np.zeros(151_936)
+        dense[order] = want / want.sum()
+        got = distribution(logits, [], params)
+        assert np.allclose(got, dense, atol=1e-12), params
 
 
 def test_lookup_proposes_the_continuation_of_the_latest_match() -> None:
@@ -131,7 +165,7 @@ def test_concave_verify_cost_considers_longer_drafts() -> None:
                                         k_max=8, draft=0.01)
     ctl = DraftController(costs, 8)
     ctl.model_acc.rate = 0.75
-    assert ctl._rate([0.75], 0.01) < ctl.plain_rate()
+    assert ctl._constant_rate(0.75, room=1, per_token=0.01)[0] == 0  # K=1 alone loses
     assert ctl.model_worth_trying(room=100)
     assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.97]))
 

@@ -110,16 +110,40 @@ class AcceptanceModel:
             self.prior_rate += 0.3 * (hits / seen - self.prior_rate)
 
 
+def _best_prefix(probs: list[float], fixed_seconds: float, costs: CostModel,
+                 n_min: int = 0) -> tuple[int, float]:
+    """(n, rate): the prefix length n >= n_min of ``probs`` whose verification is expected to
+    yield the most tokens per second, ``fixed_seconds`` (drafting already spent) included.
+
+    Verifying n drafted tokens costs a target pass of n+1 tokens and yields
+    1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.): O(n), one pass."""
+    expected, prefix = 1.0, 1.0
+    best_n, best = n_min, 0.0
+    for n in range(len(probs) + 1):
+        if n:
+            prefix *= probs[n - 1]
+            expected += prefix
+        if n >= n_min:
+            rate = expected / (fixed_seconds + costs.verify(n + 1))
+            if rate > best:
+                best_n, best = n, rate
+    return best_n, best
+
+
 class DraftController:
     """Decides, per step, which drafter to use and how many of its tokens to verify.
 
     ``fixed_k`` set: always draft exactly that many (no early stop), like llama.cpp's --draft.
+    Every decision is O(K): at GPU speeds a step is a few milliseconds, and this runs per token.
     """
 
     # Plain steps between "peeks" (one forced draft token, kept only if the draft is confident),
     # doubling after each peek that finds nothing: a draft that stopped paying is re-checked
     # often at first and rarely once it keeps failing, so checking costs at most ~1%.
     PEEK_MIN, PEEK_MAX = 8, 128
+    # Drafting must be predicted to beat plain decoding by this much: the acceptance estimate
+    # is noisy, and a wrong "yes" costs a draft pass.
+    MARGIN = 1.05
 
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
                  model_acc: AcceptanceModel | None = None,
@@ -136,16 +160,20 @@ class DraftController:
         self._peeking = False
 
     # -- planning -----------------------------------------------------------------------------
-    def _rate(self, probs: list[float], draft_seconds: float) -> float:
-        """Expected tokens per second of verifying drafts with these acceptance estimates."""
-        expected, p = 1.0, 1.0
-        for a in probs:
-            p *= a
-            expected += p
-        return expected / (draft_seconds + self.costs.verify(len(probs) + 1))
-
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify(1)
+
+    def _constant_rate(self, a: float, room: int, per_token: float) -> tuple[int, float]:
+        """Best (k, tokens/s) for drafting k tokens each accepted with probability ``a``."""
+        best_k, best = 0, self.plain_rate()
+        expected, term = 1.0, 1.0
+        for k in range(1, min(self.k_max, room) + 1):
+            term *= a
+            expected += term
+            rate = expected / (k * per_token + self.costs.verify(k + 1))
+            if rate > best:
+                best_k, best = k, rate
+        return best_k, best
 
     def model_worth_trying(self, room: int) -> bool:
         """Whether drafting (some number of) model tokens is expected to beat plain decoding.
@@ -154,14 +182,10 @@ class DraftController:
         in the number of tokens, so K=1 can lose where K=5 wins."""
         if self.fixed_k is not None:
             return room > 0
-        # A 5% margin: the acceptance estimate is noisy, and a wrong "yes" costs a draft pass.
-        return room > 0 and self.expected_model_rate(room) > 1.05 * self.plain_rate()
+        return room > 0 and self.expected_model_rate(room) > self.MARGIN * self.plain_rate()
 
     def expected_model_rate(self, room: int) -> float:
-        a, best = self.model_acc.rate, self.plain_rate()
-        for k in range(1, min(self.k_max, room) + 1):
-            best = max(best, self._rate([a] * k, k * self.costs.draft_token))
-        return best
+        return self._constant_rate(self.model_acc.rate, room, self.costs.draft_token)[1]
 
     def keep_going(self, j: int, prop: Proposal) -> bool:
         """After j drafted tokens: is drafting more expected to beat stopping now?
@@ -174,11 +198,20 @@ class DraftController:
             return j < self.fixed_k
         if j >= self.k_max:
             return False
+        while len(prop.estimates) < j:
+            prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
         c = self.costs.draft_token
-        probs = [self.model_acc.estimate(conf) for conf in prop.confidences]
-        stop = max(self._rate(probs[:i], j * c) for i in range(j + 1))
-        a = self.model_acc.rate
-        go = max(self._rate(probs + [a] * (m - j), m * c) for m in range(j + 1, self.k_max + 1))
+        _, stop = _best_prefix(prop.estimates, j * c, self.costs)
+        # Going on: E_j plus the running rate's geometric tail, for every longer length m.
+        expected, prefix = 1.0, 1.0
+        for p in prop.estimates:
+            prefix *= p
+            expected += prefix
+        a, go = self.model_acc.rate, 0.0
+        for m in range(j + 1, self.k_max + 1):
+            prefix *= a
+            expected += prefix
+            go = max(go, expected / (m * c + self.costs.verify(m + 1)))
         return go > stop
 
     def trim(self, prop: Proposal, draft_seconds: float) -> int:
@@ -190,19 +223,19 @@ class DraftController:
         if self.fixed_k is not None or not prop.tokens:
             return len(prop.tokens)
         acc = self.lookup_acc if prop.source == "lookup" else self.model_acc
-        probs = [acc.estimate(c) if prop.source == "model" else acc.rate for c in prop.confidences]
-        best_k, best = 0, self._rate([], draft_seconds)
-        for k in range(1, len(probs) + 1):
-            r = self._rate(probs[:k], draft_seconds)
-            if r > best:
-                best_k, best = k, r
+        if prop.source == "model":
+            while len(prop.estimates) < len(prop.confidences):
+                prop.estimates.append(acc.estimate(prop.confidences[len(prop.estimates)]))
+            probs = prop.estimates[:len(prop.tokens)]
+        else:
+            probs = [acc.rate] * len(prop.tokens)
+        best_k, _ = _best_prefix(probs, draft_seconds, self.costs)
         if prop.source == "model" and best_k < len(probs):
             acc.rate += 0.1 * (probs[best_k] - acc.rate)
         return best_k
 
     def lookup_rate(self, prop: Proposal) -> float:
-        probs = [self.lookup_acc.rate] * len(prop.tokens)
-        return max(self._rate(probs[:k], 0.0) for k in range(len(probs) + 1))
+        return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), 0.0, self.costs)[1]
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int) -> None:
@@ -230,9 +263,8 @@ class DraftController:
         target, where every look would be a loss)."""
         if self._plain_streak < self._peek_interval or room <= 0:
             return False
-        c, optimistic = self.costs.draft_token, 0.95
-        best = max(self._rate([optimistic] * k, k * c) for k in range(1, min(self.k_max, room) + 1))
-        return best > 1.05 * self.plain_rate()
+        _, best = self._constant_rate(0.95, room, self.costs.draft_token)
+        return best > self.MARGIN * self.plain_rate()
 
     def start_peek(self) -> None:
         """The coming draft is a peek; its outcome (observe*) sets when to look next."""
@@ -245,3 +277,17 @@ class DraftController:
             self._peek_interval = self.PEEK_MIN
         else:
             self._peek_interval = min(2 * self._peek_interval, self.PEEK_MAX)
+
+    # -- explaining ---------------------------------------------------------------------------
+    def explain(self, room: int = 1 << 30) -> str:
+        """Why auto drafts or not, from the measured costs (for --verbose and the chat app)."""
+        t1 = self.costs.verify(1)
+        k, rate = self._constant_rate(self.model_acc.rate, room, self.costs.draft_token)
+        if k == 0:
+            k_probe = min(4, self.k_max)
+            ratio = self.costs.verify(k_probe + 1) / t1
+            return (f"plain decoding: verifying {k_probe + 1} tokens costs {ratio:.2f} single "
+                    f"steps here, too much for the {self.model_acc.rate:.0%} acceptance expected")
+        ratio = self.costs.verify(k + 1) / t1
+        return (f"drafting ~{k} tokens: verifying {k + 1} costs {ratio:.2f} single steps here; "
+                f"at {self.model_acc.rate:.0%} acceptance that predicts {rate * t1:.2f}x plain")

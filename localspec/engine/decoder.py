@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -13,15 +14,22 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ContextOverflowError, LocalspecError
+from . import activity, calibration
+from .calibration import Calibration
 from .controller import AcceptanceModel, CostModel, DraftController
-from .drafters import ModelDrafter, PromptLookupDrafter, Proposal
+from .drafters import ModelDrafter, Pick, PromptLookupDrafter, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import (
+    AcceptRule,
+    Candidates,
+    Choice,
     SamplingParams,
-    apply_penalties,
-    distribution,
+    candidates,
+    confidence,
+    coupled_choice,
+    greedy_choice,
     greedy_token,
-    one_hot,
+    point_mass,
     residual,
     sample,
 )
@@ -30,37 +38,44 @@ from .text import TextAssembler, TextChunk
 
 log = logging.getLogger(__name__)
 
-# Twice the largest batched-vs-single logit difference under which greedy auto mode speculates.
-# Measured here: F16 ~0.03, Q8_0 ~0.66, Q4_K_M ~1.26 (CPU, llama.cpp of llama-cpp-python 0.3.36).
-EXACT_TIE_MARGIN = 0.25
+# Where batched logits stray more than this from one-token logits (a quantized target on a CPU:
+# Q8_0 ~0.3, Q4_K_M ~0.7 here; F16 ~0.02), the KV cache that batched verification writes can
+# steer later near-ties away from plain decoding. ``exact`` requests then decode plainly.
+EXACT_DRIFT_LIMIT = 0.125
 
 
 DraftMode = Literal["model", "lookup", "none"]
-AcceptRule = Literal["rejection", "match"]
 FinishReason = Literal["stop", "length", "cancelled"]
+RuleSetting = Literal["auto", "coupled", "rejection", "match"]
 
 
 @dataclass(frozen=True, slots=True)
 class DraftSettings:
-    """How to draft. ``k=None`` is adaptive; an int is a fixed draft length."""
+    """How to draft. ``k=None`` is adaptive; an int is a fixed draft length.
+
+    ``rule`` applies to sampled requests: ``coupled`` (the default through ``auto``) makes the
+    text a function of the seed alone, whatever is drafted. ``exact``: auto drafting only where
+    batched logits do not drift (see EXACT_DRIFT_LIMIT)."""
 
     mode: DraftMode = "model"
     k: int | None = None
     k_max: int = 12
-    rule: AcceptRule = "rejection"
+    rule: RuleSetting = "auto"
+    exact: bool = False
     lookup_ngram_max: int = 4
     lookup_ngram_min: int = 2
 
     def validate(self, has_draft_model: bool) -> None:
-        if self.mode not in ("model", "lookup", "none"):
-            raise ValueError(f"unknown draft mode {self.mode!r} (model, lookup or none)")
+        from ..options import check
+
+        check("draft_mode", self.mode)
+        check("k", self.k)
+        check("k_max", self.k_max)
+        check("accept_rule", self.rule)
+        check("exact", self.exact)
         if self.mode == "model" and not has_draft_model:
             raise LocalspecError(
                 "draft mode 'model' needs a draft model (or use --draft-mode lookup)")
-        if self.k is not None and not 0 <= self.k <= 32:
-            raise ValueError("k must be between 0 and 32")
-        if self.rule not in ("rejection", "match"):
-            raise ValueError(f"unknown acceptance rule {self.rule!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +107,15 @@ class _Run:
     """Mutable state of one generation."""
 
     req: GenerationRequest
+    rule: AcceptRule | Literal["greedy"]
+    seed: int
     rng: np.random.Generator
     seq: list[int]
     out: list[int]
     text: TextAssembler
     stats: GenerationStats
     max_new: int
+    speculate: bool
     reason: FinishReason | None = None
     # Set after a near-tie: the next position is decided by a one-token step.
     plain_next: bool = False
@@ -107,30 +125,28 @@ class SpeculativeEngine:
     """A target model and an optional draft model, ready to generate.
 
     Thread-compatible, not thread-safe: one generation at a time (front ends queue requests).
+    ``calibration`` (costs and drift) is measured after the first token of the first request
+    that drafts, unless given or cached; ``cache_calibration=False`` always measures anew.
     """
 
     def __init__(self, target: LlamaRunner, draft: LlamaRunner | None = None,
-                 k_max: int = 12, calibrate: bool = True) -> None:
+                 k_max: int = 12, calibration: Calibration | None = None,
+                 cache_calibration: bool = True) -> None:
         self.target = target
         self.draft = draft
         self.k_max = k_max
         self._drafter = ModelDrafter(draft) if draft is not None else None
-        self._costs = self._calibrate() if calibrate else CostModel.from_calibration(
-            1.0, 1.0 * (k_max + 1), k_max + 1, k_max, 0.1)
+        self._cache_calibration = cache_calibration
+        self.calibration: Calibration | None = None
+        self._costs = CostModel.from_calibration(1.0, 1.0 * (k_max + 1), k_max + 1, k_max, 0.1)
+        if calibration is None and cache_calibration:
+            calibration = self._cached_calibration()
+        if calibration is not None:
+            self.use_calibration(calibration)
         # What the target accepted from each drafter, carried from request to request; greedy
         # and sampled decoding accept differently, so each has its own.
         self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(rate=0.5, prior_rate=0.5))
                             for greedy in (True, False)}
-        # Greedy verification never decides a near-tie from batched logits (see _verify).
-        self.tie_margin = self._measure_tie_margin() if calibrate else 0.0
-        # Where batched and one-token logits disagree this much, the KV cache that batched
-        # verification writes can steer later greedy choices away from plain decoding, so
-        # auto mode does not speculate on greedy requests (a fixed K still does, guarded).
-        self.greedy_exact = self.tie_margin <= EXACT_TIE_MARGIN
-        if not self.greedy_exact:
-            log.info("greedy auto mode decodes plainly: batched logits drift %.3f on this "
-                     "build (a quantized target on a CPU); output stays the target's",
-                     self.tie_margin / 2)
         self._lock = threading.Lock()
         self._formatters: dict[str, Any] = {}
 
@@ -150,7 +166,8 @@ class SpeculativeEngine:
         try:
             if draft_path is not None:
                 ds = draft_settings or ModelSettings(n_ctx=target_settings.n_ctx,
-                                                     n_threads=target_settings.n_threads)
+                                                     n_threads=target_settings.n_threads,
+                                                     repack=target_settings.repack)
                 draft = LlamaRunner(draft_path, ds)
             return cls(target, draft, k_max=k_max)
         except BaseException:
@@ -171,40 +188,46 @@ class SpeculativeEngine:
         self.close()
 
     # -- calibration --------------------------------------------------------------------------
-    def _calibrate(self) -> CostModel:
-        """Time target decodes of several batch sizes and a draft step on this machine."""
-        limit = max(2, min(self.k_max + 1, self.target.n_batch, self.target.n_ctx - 1))
-        sizes = sorted({n for n in (1, 2, 3, 5, 8, limit) if n <= limit})
-        points = {n: self.target.time_decode(n) for n in sizes}
-        td = self.draft.time_decode(1) if self.draft is not None else 0.0
-        log.info("calibration: target %s; draft %.4fs/token",
-                 {n: round(t, 4) for n, t in points.items()}, td)
-        return CostModel.from_measurements(points, self.k_max, td)
+    @property
+    def tie_margin(self) -> float:
+        """Greedy/coupled verification never decides a choice closer than this (logits) from
+        batched logits: twice the measured batched-vs-single drift."""
+        return 2.0 * self.calibration.drift if self.calibration is not None else 0.0
 
-    def _measure_tie_margin(self, n: int = 6) -> float:
-        """How far batched logits stray from one-token-at-a-time logits on this build.
+    @property
+    def drift_ok_for_exact(self) -> bool:
+        return self.calibration is None or self.calibration.drift <= EXACT_DRIFT_LIMIT
 
-        llama.cpp computes a batch with other kernels than a single token (on CPUs and GPUs,
-        and most of all for k-quants: up to ~0.5 logits on a Q4_K_M here, ~0.01 on F16). Plain
-        decoding runs one token at a time, so a greedy choice whose top-2 margin is within that
-        drift could differ between the two; twice the measured drift is the margin below which
-        verification leaves the choice to a one-token step."""
-        # Token ids, not text: tokenizing arbitrary text aborts on vocabularies without byte
-        # fallback, and any ids exercise the same kernels.
-        vocab = self.target.n_vocab
-        seq = [(vocab // 3 + 7919 * i) % vocab for i in range(2 * n)]
-        if len(seq) >= self.target.n_ctx:
-            return 0.0
-        head, tail = seq[:-n], seq[-n:]
-        self.target.sync(head, 1)
-        # Copies: decode returns views of llama.cpp's buffer, overwritten by the next decode.
-        single = [self.target.decode([t], 1)[0].copy() for t in tail]
-        self.target.truncate(len(head))
-        batched = self.target.decode(tail, n)
-        self.target.reset()
-        drift = max(float(np.abs(single[i] - batched[i]).max()) for i in range(n))
-        log.info("batched vs single-token logits drift: %.4f", drift)
-        return 2.0 * drift
+    def _cached_calibration(self) -> Calibration | None:
+        try:
+            return calibration.load_cached(self._calibration_key())
+        except OSError:
+            return None
+
+    def _calibration_key(self) -> str:
+        return calibration.cache_key(self.target, self.draft, self.k_max)
+
+    def use_calibration(self, cal: Calibration, learn: bool = True) -> None:
+        """Decide with these costs and this drift (measured elsewhere, or a what-if such as a
+        memory-bound GPU's costs); ``learn=False`` keeps them fixed instead of refining them
+        with the times observed here."""
+        self.calibration = cal
+        self._costs = CostModel.from_measurements(cal.target_points, self.k_max,
+                                                  cal.draft_token)
+        if not learn:
+            self._costs.smoothing = 0.0
+
+    def _ensure_calibrated(self, run: _Run) -> None:
+        """Measure costs and drift once (after the first token: it never delays it)."""
+        if self.calibration is not None:
+            return
+        t0 = time.perf_counter()
+        with activity.doing("calibrating", self.target.path):
+            cal = calibration.measure(self.target, self.draft, self.k_max, run.seq[-1])
+        self.use_calibration(cal)
+        if self._cache_calibration:
+            calibration.store(self._calibration_key(), cal)
+        run.stats.calibration_seconds += time.perf_counter() - t0
 
     # -- prompts ------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -247,8 +270,26 @@ class SpeculativeEngine:
         """Yield text chunks as tokens are accepted, then one ``Finished``."""
         req.sampling.validate()
         req.draft.validate(self.draft is not None)
+        from ..options import check
+
+        check("max_tokens", req.max_tokens)
         with self._lock:
             yield from self._stream(req, cancel)
+
+    def _new_run(self, req: GenerationRequest) -> _Run:
+        sp = req.sampling
+        if sp.greedy:
+            rule: AcceptRule | Literal["greedy"] = "greedy"
+        else:
+            rule = "coupled" if req.draft.rule == "auto" else req.draft.rule
+        # Unseeded requests draw a seed: every rule then uses its randomness the same way.
+        seed = sp.seed if sp.seed is not None else secrets.randbits(64)
+        n_prompt = len(req.prompt_tokens)
+        return _Run(req=req, rule=rule, seed=seed, rng=np.random.default_rng(seed & (2**64 - 1)),
+                    seq=list(req.prompt_tokens), out=[], text=TextAssembler(req.stop),
+                    stats=GenerationStats(prompt_tokens=n_prompt),
+                    max_new=min(req.max_tokens, self.target.n_ctx - n_prompt),
+                    speculate=req.draft.mode != "none")
 
     def _stream(self, req: GenerationRequest,
                 cancel: threading.Event | None) -> Iterator[StreamEvent]:
@@ -260,16 +301,11 @@ class SpeculativeEngine:
             raise ContextOverflowError(
                 f"prompt has {n_prompt} tokens but the context holds {self.target.n_ctx}; "
                 "shorten it or raise --ctx")
-        run = _Run(req=req, rng=np.random.default_rng(req.sampling.seed),
-                   seq=list(req.prompt_tokens), out=[], text=TextAssembler(req.stop),
-                   stats=GenerationStats(prompt_tokens=n_prompt),
-                   max_new=min(req.max_tokens, self.target.n_ctx - n_prompt))
-        controller = DraftController(self._costs, min(req.draft.k_max, self.k_max)
-                                     if req.draft.k is None else req.draft.k, req.draft.k,
-                                     *self._acceptance[req.sampling.greedy])
-        lookup = PromptLookupDrafter(req.draft.lookup_ngram_max, req.draft.lookup_ngram_min)
+        run = self._new_run(req)
+        decode_before = self._decode_seconds()
 
         t0 = time.perf_counter()
+        activity.report("prefill", self.target.path)
         logits = self.target.sync(run.seq, 1)
         run.stats.prefill_seconds = time.perf_counter() - t0
         run.stats.target_passes += 1
@@ -278,6 +314,13 @@ class SpeculativeEngine:
         run.stats.ttft_seconds = time.perf_counter() - t_start
         if run.max_new <= 0:
             run.reason = "length"
+        if run.reason is None and run.speculate:
+            self._ensure_calibrated(run)
+        acc = self._acceptance[run.rule == "greedy"]
+        controller = DraftController(self._costs, min(req.draft.k_max, self.k_max)
+                                     if req.draft.k is None else req.draft.k, req.draft.k, *acc)
+        lookup = PromptLookupDrafter(req.draft.lookup_ngram_max, req.draft.lookup_ngram_min)
+        self._decide_policy(run, controller)
 
         while run.reason is None:
             if cancel is not None and cancel.is_set():
@@ -287,6 +330,7 @@ class SpeculativeEngine:
             prop = self._propose(run, controller, lookup, room)
             k = len(prop.tokens)
             t0 = time.perf_counter()
+            activity.report("verifying" if k else "decoding", self.target.path)
             logits = self.target.sync(run.seq + prop.tokens, k + 1)
             dt = time.perf_counter() - t0
             run.stats.verify_seconds += dt
@@ -309,25 +353,81 @@ class SpeculativeEngine:
             new = prop.tokens[:n_acc] + ([nxt] if nxt is not None else [])
             yield from self._emit(run, new, n_drafted=n_acc)
 
+        activity.idle()
         for chunk in run.text.finish():
             yield chunk
         controller.end_request()
         run.stats.total_seconds = time.perf_counter() - t_start
+        run.stats.decode_seconds = self._decode_seconds() - decode_before
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 
-    def _pick(self, logits: np.ndarray, history: Sequence[int], run: _Run) -> int:
+    def _decode_seconds(self) -> float:
+        return self.target.decode_seconds + (self.draft.decode_seconds if self.draft else 0.0)
+
+    def _decide_policy(self, run: _Run, controller: DraftController) -> None:
+        """Whether this request speculates, and why (shown by --verbose and the chat app)."""
+        ds = run.req.draft
+        if ds.mode == "none":
+            run.stats.policy = "plain decoding (draft mode none)"
+            return
+        if ds.k is not None:
+            run.stats.policy = f"fixed K={ds.k}"
+            return
+        if ds.exact and run.rule in ("greedy", "coupled") and not self.drift_ok_for_exact:
+            assert self.calibration is not None
+            run.speculate = False
+            run.stats.policy = (f"plain decoding (--exact): batched logits drift "
+                                f"{self.calibration.drift:.3f} > {EXACT_DRIFT_LIMIT} on this "
+                                "build, so a batched verification could change the output")
+            return
+        if ds.mode == "lookup" or self._drafter is None:
+            run.stats.policy = "auto with prompt lookup (free to draft; verified when it pays)"
+            return
+        run.stats.policy = "auto: " + controller.explain()
+
+    # -- choosing tokens --------------------------------------------------------------------------
+    def _choose(self, logits: np.ndarray, history: Sequence[int], run: _Run,
+                position: int) -> Choice:
+        """The token the target emits at output ``position`` (greedy or coupled)."""
         sp = run.req.sampling
-        if sp.greedy:
+        if run.rule == "greedy":
+            return greedy_choice(logits, history, sp, self.tie_margin)
+        return coupled_choice(candidates(logits, history, sp), sp.temperature, run.seed,
+                              position)
+
+    def _pick(self, logits: np.ndarray, history: Sequence[int], run: _Run) -> int:
+        """The first token (from the prefill): there is no draft to compare with."""
+        sp = run.req.sampling
+        if run.rule == "greedy":
             return greedy_token(logits, history, sp)
-        return sample(distribution(logits, history, sp), run.rng)
+        if run.rule == "coupled":
+            return coupled_choice(candidates(logits, history, sp), sp.temperature, run.seed,
+                                  len(run.out)).token
+        return sample(candidates(logits, history, sp), run.rng)
+
+    def _draft_pick(self, run: _Run) -> Pick:
+        """How the draft model chooses its tokens under this request's rule."""
+        sp = run.req.sampling
+        base = len(run.out)
+
+        def pick(logits: np.ndarray, history: list[int], j: int) -> tuple[int, float,
+                                                                        Candidates | None]:
+            if run.rule == "greedy" or run.rule == "match":
+                return greedy_token(logits, history, sp), confidence(logits), None
+            c = candidates(logits, history, sp)
+            if run.rule == "coupled":
+                tok = coupled_choice(c, sp.temperature, run.seed, base + j).token
+                return tok, c.prob_of(tok), None
+            tok = sample(c, run.rng)
+            return tok, c.prob_of(tok), c
+
+        return pick
 
     def _propose(self, run: _Run, controller: DraftController, lookup: PromptLookupDrafter,
                  room: int) -> Proposal:
         ds = run.req.draft
-        if ds.mode == "none" or room <= 0 or run.plain_next:
-            return Proposal(source="none")
-        if ds.k is None and run.req.sampling.greedy and not self.greedy_exact:
+        if not run.speculate or room <= 0 or run.plain_next:
             return Proposal(source="none")
         cap = min(room, ds.k if ds.k is not None else controller.k_max)
         if ds.mode == "lookup" or (ds.k is None and self._drafter is not None):
@@ -342,9 +442,7 @@ class SpeculativeEngine:
             if ds.k is not None or not controller.should_peek(cap):
                 return Proposal(source="none")
             controller.start_peek()
-        stochastic = not run.req.sampling.greedy and ds.rule == "rejection"
-        prop = self._drafter.propose(run.seq, cap, run.req.sampling, run.rng,
-                                     controller.keep_going, stochastic)
+        prop = self._drafter.propose(run.seq, cap, self._draft_pick(run), controller.keep_going)
         run.stats.draft_seconds += prop.seconds
         if prop.step_seconds:
             self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
@@ -355,33 +453,38 @@ class SpeculativeEngine:
                 logits: np.ndarray) -> tuple[int, int | None]:
         """Accept a prefix of the drafted tokens; return (n accepted, the next token).
 
-        The next token is None when greedy verification met a near-tie in batched logits: the
-        accepted prefix stands and the next step decodes that position alone, as plain
-        decoding would."""
+        The next token is None when greedy or coupled verification met a near-tie in batched
+        logits: the accepted prefix stands and the next step decides that position alone, as
+        plain decoding would."""
         sp = run.req.sampling
         hist = list(run.seq)
-        guard = sp.greedy and len(prop.tokens) > 0 and self.tie_margin > 0
+        base = len(run.out)
+        guard = run.rule in ("greedy", "coupled") and len(prop.tokens) > 0 and self.tie_margin > 0
         for i, tok in enumerate(prop.tokens):
-            if sp.greedy:
-                if guard and _near_tie(logits[i], hist, sp, self.tie_margin):
+            if run.rule in ("greedy", "coupled"):
+                choice = self._choose(logits[i], hist, run, base + i)
+                if guard and choice.margin < self.tie_margin:
                     return i, None
-                y = greedy_token(logits[i], hist, sp)
-                if y != tok:
-                    return i, y
-            elif run.req.draft.rule == "match":
-                y = sample(distribution(logits[i], hist, sp), run.rng)
+                if choice.token != tok:
+                    return i, choice.token
+            elif run.rule == "match":
+                y = sample(candidates(logits[i], hist, sp), run.rng)
                 if y != tok:
                     return i, y
             else:
-                p = distribution(logits[i], hist, sp)
-                q = prop.dists[i] if prop.dists is not None else one_hot(p.shape[0], tok)
-                if run.rng.random() * q[tok] >= p[tok]:  # reject with prob 1 - min(1, p/q)
+                p = candidates(logits[i], hist, sp)
+                q = prop.dists[i] if prop.dists is not None else point_mass(tok)
+                # Reject with probability 1 - min(1, p/q).
+                if run.rng.random() * q.prob_of(tok) >= p.prob_of(tok):
                     return i, sample(residual(p, q), run.rng)
             hist.append(tok)
         k = len(prop.tokens)
-        if guard and _near_tie(logits[k], hist, sp, self.tie_margin):
-            return k, None
-        return k, self._pick(logits[k], hist, run)
+        if run.rule in ("greedy", "coupled"):
+            choice = self._choose(logits[k], hist, run, base + k)
+            if guard and choice.margin < self.tie_margin:
+                return k, None
+            return k, choice.token
+        return k, sample(candidates(logits[k], hist, sp), run.rng)
 
     def _emit(self, run: _Run, tokens: list[int], n_drafted: int) -> Iterator[TextChunk]:
         for i, tok in enumerate(tokens):
@@ -398,11 +501,3 @@ class SpeculativeEngine:
             if len(run.out) >= run.max_new:
                 run.reason = "length"
                 return
-
-
-def _near_tie(logits: np.ndarray, history: Sequence[int], sp: SamplingParams,
-              margin: float) -> bool:
-    """Whether the two best (penalized) logits are closer than ``margin``."""
-    x = apply_penalties(logits, history, sp)
-    top2 = np.partition(x, -2)[-2:]
-    return float(top2[1] - top2[0]) < margin

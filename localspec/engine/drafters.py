@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import activity
 from .llama_backend import LlamaRunner
-from .sampling import SamplingParams, confidence, distribution, greedy_token, sample
+from .sampling import Candidates
 
 
 @dataclass(slots=True)
@@ -19,23 +20,28 @@ class Proposal:
 
     source: str
     tokens: list[int] = field(default_factory=list)
-    dists: list[np.ndarray] | None = None
+    dists: list[Candidates] | None = None
     confidences: list[float] = field(default_factory=list)
     seconds: float = 0.0
     catch_up_tokens: int = 0
     # Seconds of each one-token draft decode after the first (which also catches up).
     step_seconds: list[float] = field(default_factory=list)
+    # The controller's acceptance estimate per drafted token (filled as it decides).
+    estimates: list[float] = field(default_factory=list)
 
     def truncate(self, n: int) -> None:
         """Keep only the first ``n`` drafted tokens (with their confidences and distributions)."""
         del self.tokens[n:]
         del self.confidences[n:]
+        del self.estimates[n:]
         if self.dists is not None:
             del self.dists[n:]
 
 
 # keep_going(j, proposal) -> whether to draft token j+1 after j tokens drafted.
 KeepGoing = Callable[[int, Proposal], bool]
+# pick(logits, history, j) -> (token, confidence, the distribution it was drawn from or None).
+Pick = Callable[[np.ndarray, list[int], int], tuple[int, float, "Candidates | None"]]
 
 
 class PromptLookupDrafter:
@@ -92,25 +98,24 @@ class ModelDrafter:
     def __init__(self, runner: LlamaRunner) -> None:
         self.runner = runner
 
-    def propose(self, seq: Sequence[int], max_k: int, params: SamplingParams,
-                rng: np.random.Generator, keep_going: KeepGoing, stochastic: bool) -> Proposal:
-        prop = Proposal(source=self.name, dists=[] if stochastic else None)
+    def propose(self, seq: Sequence[int], max_k: int, pick: Pick,
+                keep_going: KeepGoing) -> Proposal:
+        """Draft up to ``max_k`` tokens after ``seq``; ``pick`` turns the draft's logits at the
+        j-th drafted position into (token, confidence, distribution or None)."""
+        prop = Proposal(source=self.name)
         if max_k <= 0:
             return prop
         t0 = time.perf_counter()
         prop.catch_up_tokens = len(seq) - self.runner.common_prefix(seq)
+        activity.report("drafting", self.runner.path)
         logits = self.runner.sync(seq, 1)[0]
         history = list(seq)
         while True:
-            if stochastic:
-                q = distribution(logits, history, params)
-                tok = sample(q, rng)
-                assert prop.dists is not None
-                prop.dists.append(q)
-                conf = float(q[tok])
-            else:
-                tok = greedy_token(logits, history, params)
-                conf = confidence(logits)
+            tok, conf, dist = pick(logits, history, len(prop.tokens))
+            if dist is not None:
+                if prop.dists is None:
+                    prop.dists = []
+                prop.dists.append(dist)
             prop.tokens.append(tok)
             prop.confidences.append(conf)
             history.append(tok)

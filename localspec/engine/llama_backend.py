@@ -360,3 +360,34 @@ class LlamaRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_llama(path: str | Path, settings: ModelSettings = ModelSettings(), **kwargs: Any) -> Any:
+    """llama-cpp-python's own ``Llama`` on ``path`` (for comparisons with what a library user
+    runs), loaded with this machine's repack decision: ``Llama`` has no parameter for
+    ``use_extra_bufts``, so its default model parameters are swapped for the duration of the
+    constructor. Checked against llama-cpp-python 0.3.36 (``llama.py`` reads
+    ``llama_cpp.llama_model_default_params()`` once, in ``Llama.__init__``)."""
+    _init_backend()
+    import llama_cpp.llama as llama_module
+
+    from .gguf_meta import has_quantized_weights
+    from .repack import repack_decision
+
+    use = repack_decision(settings.repack, has_quantized_weights(path)).use_extra_bufts
+    original = llama_module.llama_cpp.llama_model_default_params
+
+    def params() -> Any:
+        p = original()
+        p.use_extra_bufts = use
+        return p
+
+    threads = settings.n_threads or default_threads()
+    llama_module.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_module.Llama(model_path=str(path), n_gpu_layers=settings.n_gpu_layers,
+                                  n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+                                  n_threads=threads, n_threads_batch=threads,
+                                  flash_attn=settings.flash_attn, verbose=False, **kwargs)
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = original

@@ -58,7 +58,7 @@ class RepackDecision:
     """Whether to load with llama.cpp's extra buffer types, and why (shown by doctor, -v)."""
 
     use_extra_bufts: bool
-    source: Literal["forced", "self-test", "cached self-test", "not needed"]
+    source: Literal["forced", "self-test", "cached self-test", "pending self-test", "not needed"]
     reason: str
 
     def describe(self) -> str:
@@ -168,29 +168,62 @@ def _signal_name(signum: int) -> str:
 
 def decide_auto(cache: Path,
                 run: Callable[[], SelfTestResult] = run_selftest) -> RepackDecision:
-    """The ``auto`` decision: the cached verdict for this build and CPU, or a fresh self-test."""
+    """The ``auto`` decision, answered now: the cached verdict for this build and CPU, or a fresh
+    self-test (``doctor``, and the first load when ``wait`` is asked for)."""
     key = build_key()
     cached = read_cached(cache, key)
     if cached is not None:
+        _announce_once(cache, key, cached)
         return RepackDecision(cached.repack_works, "cached self-test", cached.detail)
     result = run()
     if result.definitive:
         write_cached(cache, key, result)
-    if not result.repack_works:
-        # Said once: later runs take the cached verdict quietly (doctor and -v still show it).
-        log.warning("llama.cpp's repacked CPU kernels fail on this machine (%s); loading "
-                    "quantized models with repacking off (--repack on forces it)", result.detail)
-    else:
-        log.info("repack self-test passed in %.2f s", result.seconds)
+        _announce_once(cache, key, result)
     return RepackDecision(result.repack_works, "self-test", result.detail)
 
 
+def _announce_once(cache: Path, key: str, result: SelfTestResult) -> None:
+    """Say once per machine and build that repacking is off (later runs: doctor, -v, logs)."""
+    if result.repack_works:
+        return
+    marker = cache.with_name(cache.name + ".announced")
+    try:
+        if marker.read_text(encoding="utf-8") == key:
+            log.info("repacked CPU kernels off on this machine (%s)", result.detail)
+            return
+    except OSError:
+        pass
+    log.warning("llama.cpp's repacked CPU kernels crash on this machine (%s); localspec loads "
+                "quantized models with repacking off (`localspec doctor` explains; --repack on "
+                "forces it)", result.detail)
+    try:
+        atomic_write(marker, key)
+    except OSError:
+        pass
+
+
+def start_background_selftest(cache: Path) -> None:
+    """Run the self-test in a detached child that writes the verdict to ``cache`` itself, so a
+    first run never waits for it (that run loads with repacking off, which is always safe)."""
+    cmd = [sys.executable, "-m", "localspec.engine.repack", "--write-cache", str(cache),
+           str(cache.parent / "selftest-models")]
+    try:
+        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        log.info("could not start the repack self-test: %s", exc)
+
+
 _decided: dict[str, RepackDecision] = {}
+_started: set[str] = set()
 
 
 def repack_decision(mode: RepackMode = "auto", quantized: bool = True) -> RepackDecision:
     """Whether to load a model with repacking. ``quantized=False`` (F32/F16/BF16 weights, which
-    llama.cpp does not repack) needs no self-test. Decided once per process and build."""
+    llama.cpp does not repack) needs no self-test.
+
+    In ``auto`` mode without a verdict for this build and CPU yet, the answer is "off for now"
+    (always safe) and a background self-test decides for the next runs."""
     if mode == "on":
         return RepackDecision(True, "forced", "--repack on")
     if mode == "off":
@@ -198,8 +231,18 @@ def repack_decision(mode: RepackMode = "auto", quantized: bool = True) -> Repack
     if not quantized:
         return RepackDecision(True, "not needed", "no quantized weights")
     key = build_key()
-    if key not in _decided:
-        _decided[key] = decide_auto(cache_file())
+    if key in _decided:
+        return _decided[key]
+    cache = cache_file()
+    cached = read_cached(cache, key)
+    if cached is None:
+        if key not in _started:
+            _started.add(key)
+            start_background_selftest(cache)
+        return RepackDecision(False, "pending self-test", "first run with this llama.cpp "
+                              "build on this CPU: off until a background self-test has checked")
+    _announce_once(cache, key, cached)
+    _decided[key] = RepackDecision(cached.repack_works, "cached self-test", cached.detail)
     return _decided[key]
 
 
@@ -223,6 +266,19 @@ def _selftest_child(models_dir: Path) -> None:
     print("done", flush=True)
 
 
-if __name__ == "__main__":
+def _main(argv: list[str]) -> None:
+    """``python -m localspec.engine.repack MODELS_DIR``: the self-test itself (it may crash).
+    ``--write-cache FILE MODELS_DIR``: run it in a child and cache the verdict (background)."""
     logging.basicConfig(level=logging.ERROR)
-    _selftest_child(Path(sys.argv[1]))
+    if argv[:1] == ["--write-cache"]:
+        cache = Path(argv[1])
+        key = build_key()
+        result = run_selftest(selftest_command(Path(argv[2])))
+        if result.definitive:
+            write_cached(cache, key, result)
+        return
+    _selftest_child(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,17 +1,36 @@
-"""Turning logits into the distribution a token is drawn from, and the acceptance rules.
+"""Turning logits into the token that is emitted: greedy choice, the processed distribution, the
+coupled (Gumbel-max) choice that makes seeded sampling independent of drafting, and the classic
+acceptance rules.
 
-The order follows llama-cpp-python's sampler chain (penalties, top-k, top-p, min-p, temperature)
-so that ``localspec`` and plain llama-cpp-python mean the same thing by the same settings.
-The speculative rules need the processed distributions themselves, not just a sampled token,
-which is why this is numpy rather than llama.cpp's sampler objects.
+The processed distribution follows llama-cpp-python's sampler chain (penalties, top-k, top-p,
+min-p, temperature) so that localspec and plain llama-cpp-python mean the same thing by the same
+settings. It is computed over its *candidates* only (the tokens that survive the cut-offs: usually
+a few dozen of a 152k vocabulary): on a GPU a target step takes a few milliseconds, and a sort or
+a float64 copy of the whole vocabulary per token would cost a visible share of it.
+
+Coupling (``rule="coupled"``): the token at output position ``i`` is
+``argmax_j(logit_j / T + G(seed, i, j))`` over the candidates, with Gumbel noise ``G`` drawn from a
+counter-based hash of (seed, position, token id). That is an exact sample of the processed
+distribution (the Gumbel-max trick), and because the noise depends only on the position, the text
+is a function of (weights, prompt, settings, seed) whatever was drafted. The draft proposes with
+the same noise, so it guesses the target's token whenever their distributions agree enough
+("drafter-invariant speculative decoding", Daliri, Musco and Suresh, 2024).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+AcceptRule = Literal["coupled", "rejection", "match"]
+
+# The fraction of probability mass ignored when a cut-off needs the whole vocabulary's sum: logits
+# more than this far below the best one weigh less than exp(-30) ~ 1e-13 each.
+_FAR_BELOW = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,29 +57,45 @@ class SamplingParams:
                 or self.presence_penalty != 0.0)
 
     def validate(self) -> None:
-        """Raise ValueError naming the first out-of-range setting."""
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 disables it)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError("min_p must be in [0, 1)")
-        if self.repeat_penalty <= 0:
-            raise ValueError("repeat_penalty must be > 0")
-        if self.repeat_last_n < 0:
-            raise ValueError("repeat_last_n must be >= 0")
+        """Raise ValueError naming the first out-of-range setting (NaN and infinity too)."""
+        from ..options import check_sampling
+
+        check_sampling(self)
+
+
+# -- candidates and the processed distribution ---------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The tokens a position may be sampled from, best first, with their penalized logits
+    (before temperature) and their final probabilities (after temperature)."""
+
+    ids: np.ndarray  # int64
+    logits: np.ndarray  # float64
+    probs: np.ndarray  # float64, sums to 1
+
+    def prob_of(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def probs_at(self, ids: np.ndarray) -> np.ndarray:
+        """Probabilities of ``ids`` (0 for tokens that are not candidates)."""
+        order = np.argsort(self.ids)
+        sorted_ids = self.ids[order]
+        pos = np.clip(np.searchsorted(sorted_ids, ids), 0, max(0, sorted_ids.size - 1))
+        found = sorted_ids[pos] == ids
+        return np.where(found, self.probs[order][pos], 0.0)
 
 
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
-    """llama.cpp's repetition, frequency and presence penalties over the last N tokens."""
+    """llama.cpp's repetition, frequency and presence penalties over the last N tokens.
+
+    Returns ``logits`` itself when there is nothing to penalise (no copy), else a copy."""
     if not p.has_penalties or p.repeat_last_n == 0 or not history:
         return logits
     window = np.asarray(history[-p.repeat_last_n:], dtype=np.int64)
     ids, counts = np.unique(window, return_counts=True)
-    out = logits.copy()
-    vals = out[ids]
+    out = np.array(logits, dtype=np.float32, copy=True)
+    vals = out[ids].astype(np.float64)
     if p.repeat_penalty != 1.0:
         vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
     vals = vals - counts * p.frequency_penalty - p.presence_penalty
@@ -68,62 +103,156 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     return out
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
+    if 0 < k < x.shape[0]:
+        return np.argpartition(x, -k)[-k:]
+    return np.arange(x.shape[0])
+
+
+def candidates(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> Candidates:
+    """The processed distribution of one position, over its candidates only."""
+    x = apply_penalties(logits, history, p)
+    n = x.shape[0]
+    best = float(x.max())
+    if p.min_p > 0.0:
+        # min-p keeps tokens within ln(min_p) of the best logit (a probability ratio, unchanged by
+        # the renormalisations of top-k and top-p), so every survivor is in this set.
+        ids = np.flatnonzero(x >= best + math.log(p.min_p))
+        if 0 < p.top_k < ids.size:
+            ids = ids[np.argpartition(x[ids], -p.top_k)[-p.top_k:]]
+    elif p.top_k > 0 or p.top_p >= 1.0:
+        ids = _top_k_ids(x, p.top_k)
+    else:
+        ids = np.flatnonzero(x >= best - _FAR_BELOW)
+    vals = x[ids].astype(np.float64)
+    order = np.argsort(-vals, kind="stable")
+    ids, vals = ids[order], vals[order]
+    if p.top_p < 1.0:
+        ids, vals = _top_p(x, ids, vals, best, p)
+    if p.min_p > 0.0:
+        keep = vals >= best + math.log(p.min_p)
+        ids, vals = ids[keep], vals[keep]
+    scaled = vals / p.temperature if p.temperature > 0 else vals
+    e = np.exp(scaled - scaled.max())
+    del n
+    return Candidates(ids.astype(np.int64), vals, e / e.sum())
+
+
+def _top_p(x: np.ndarray, ids: np.ndarray, vals: np.ndarray, best: float,
+           p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the shortest best-first prefix whose probability (at temperature 1, normalised over
+    what top-k kept, or the whole vocabulary without top-k) reaches ``top_p``."""
+    if 0 < p.top_k < x.shape[0]:
+        # Normalise over the top-k set; candidates may be fewer (min-p pre-filtered them), so
+        # the rest of the top-k mass comes from the k largest values.
+        kth = np.partition(x, -p.top_k)[-p.top_k:] if ids.size < p.top_k else vals
+        total = float(np.exp(np.asarray(kth, dtype=np.float64) - best).sum())
+    else:
+        total = float(np.exp((x - best).astype(np.float64)).sum())
+    cdf = np.cumsum(np.exp(vals - best)) / total
+    cut = int(np.searchsorted(cdf, p.top_p) + 1)
+    if cut > ids.size and ids.size < x.shape[0] and p.min_p <= 0.0:
+        # The pre-filter was too narrow for this flat distribution: sort everything.
+        all_ids = np.argsort(-x, kind="stable")
+        all_vals = x[all_ids].astype(np.float64)
+        cdf = np.cumsum(np.exp(all_vals - best)) / total
+        cut = int(np.searchsorted(cdf, p.top_p) + 1)
+        return all_ids[:cut], all_vals[:cut]
+    return ids[:cut], vals[:cut]
 
 
 def distribution(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
-    """The dense probability vector (float64) that a token is sampled from at this position."""
-    x = apply_penalties(np.asarray(logits, dtype=np.float64), history, p)
-    n = x.shape[0]
-    keep = np.arange(n)
-    if 0 < p.top_k < n:
-        keep = np.argpartition(-x, p.top_k - 1)[: p.top_k]
-    vals = x[keep]
-    order = np.argsort(-vals, kind="stable")
-    keep, vals = keep[order], vals[order]
-    probs = _softmax(vals)
-    if p.top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-        keep, vals, probs = keep[:cut], vals[:cut], probs[:cut]
-    if p.min_p > 0.0:
-        mask = probs >= p.min_p * probs[0]
-        keep, vals = keep[mask], vals[mask]
-    out = np.zeros(n, dtype=np.float64)
-    out[keep] = _softmax(vals / p.temperature)
+    """The processed distribution as a dense vector (for tests and small vocabularies)."""
+    c = candidates(logits, history, p)
+    out = np.zeros(logits.shape[0], dtype=np.float64)
+    out[c.ids] = c.probs
     return out
+
+
+# -- choosing a token ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A chosen token and how decisively it won: the gap to the runner-up in logit units
+    (infinite when there was no runner-up). Small gaps are numerical near-ties."""
+
+    token: int
+    margin: float
 
 
 def greedy_token(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> int:
     return int(np.argmax(apply_penalties(logits, history, p)))
 
 
+def greedy_choice(logits: np.ndarray, history: Sequence[int], p: SamplingParams,
+                  tie_margin: float) -> Choice:
+    """The argmax, with its margin resolved only as far as the near-tie guard needs: a margin of
+    0 means "within ``tie_margin``", ``inf`` means "clear" (a full top-2 costs a partition)."""
+    x = apply_penalties(logits, history, p)
+    tok = int(np.argmax(x))
+    if tie_margin <= 0.0:
+        return Choice(tok, math.inf)
+    close = np.count_nonzero(x >= x[tok] - tie_margin)
+    return Choice(tok, 0.0 if close > 1 else math.inf)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective, well-mixing hash of 64-bit words."""
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+def gumbel_noise(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """Standard Gumbel noise for (seed, position, token id): the same numbers for the same key,
+    in any process, whatever else was computed before (a counter-based generator)."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([seed & 0xFFFF_FFFF_FFFF_FFFF], dtype=np.uint64))
+        key = _mix(key ^ (np.uint64(position) * _GOLDEN + _GOLDEN))
+        z = _mix(ids.astype(np.uint64) * _GOLDEN + key)
+    u = ((z >> _S11).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)  # (0, 1)
+    return -np.log(-np.log(u))
+
+
+def coupled_choice(c: Candidates, temperature: float, seed: int, position: int) -> Choice:
+    """The Gumbel-max sample of ``c`` under the noise of (seed, position)."""
+    scores = c.logits / temperature + gumbel_noise(seed, position, c.ids)
+    i = int(np.argmax(scores))
+    if scores.size < 2:
+        return Choice(int(c.ids[i]), math.inf)
+    top2 = np.partition(scores, -2)[-2:]
+    return Choice(int(c.ids[i]), float(top2[1] - top2[0]) * temperature)
+
+
 def confidence(logits: np.ndarray) -> float:
-    """The model's probability of its own top token (temperature 1): a cheap acceptance proxy."""
-    m = float(logits.max())
-    return 1.0 / float(np.exp(logits.astype(np.float64) - m).sum())
+    """The model's probability of its own top token (temperature 1): a cheap acceptance proxy.
+
+    Tokens more than 20 logits below the best are left out of the sum (< 2e-9 each)."""
+    best = float(logits.max())
+    near = logits[logits >= best - 20.0]
+    return 1.0 / float(np.exp(near.astype(np.float64) - best).sum())
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    # Inverse-CDF on the cumulative sum: exact for float64 probabilities, and O(n) without the
-    # per-call setup of rng.choice.
-    cdf = np.cumsum(probs)
+def sample(c: Candidates, rng: np.random.Generator) -> int:
+    """Inverse-CDF sampling over the candidates."""
+    cdf = np.cumsum(c.probs)
     r = rng.random() * cdf[-1]
-    return int(min(np.searchsorted(cdf, r, side="right"), probs.shape[0] - 1))
+    return int(c.ids[min(int(np.searchsorted(cdf, r, side="right")), c.ids.size - 1)])
 
 
-def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+def residual(p: Candidates, q: Candidates) -> Candidates:
     """normalise(max(0, p - q)): where to sample from after rejecting a drafted token."""
-    r = np.maximum(p - q, 0.0)
+    r = np.maximum(p.probs - q.probs_at(p.ids), 0.0)
     s = r.sum()
     if s <= 0.0:  # p == q: rejection had probability 0, any p-sample is correct
         return p
-    return r / s
+    return Candidates(p.ids, p.logits, r / s)
 
 
-def one_hot(n: int, token: int) -> np.ndarray:
+def point_mass(token: int) -> Candidates:
     """The proposal distribution of a deterministic drafter (prompt lookup, greedy draft)."""
-    q = np.zeros(n, dtype=np.float64)
-    q[token] = 1.0
-    return q
+    return Candidates(np.array([token], dtype=np.int64), np.zeros(1), np.ones(1))

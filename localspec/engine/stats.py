@@ -25,6 +25,11 @@ class GenerationStats:
     sample_seconds: float = 0.0
     ttft_seconds: float = 0.0
     total_seconds: float = 0.0
+    # Time inside llama_decode (target and draft): the rest of total_seconds is host overhead.
+    decode_seconds: float = 0.0
+    calibration_seconds: float = 0.0
+    # Why the request drafted as it did (auto's reasoning from the measured costs).
+    policy: str = ""
 
     @property
     def acceptance_rate(self) -> float:
@@ -43,6 +48,13 @@ class GenerationStats:
     def mean_k(self) -> float:
         n = sum(self.k_counts.values())
         return sum(k * c for k, c in self.k_counts.items()) / n if n else 0.0
+
+    @property
+    def host_ms_per_step(self) -> float:
+        """Milliseconds per target pass spent outside llama_decode (sampling, drafting logic,
+        text assembly): what a fast GPU exposes. Calibration is not counted."""
+        host = self.total_seconds - self.decode_seconds - self.calibration_seconds
+        return 1000.0 * host / self.target_passes if self.target_passes else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -75,6 +87,10 @@ class GenerationStats:
             "sample_seconds": round(self.sample_seconds, 4),
             "ttft_seconds": round(self.ttft_seconds, 4),
             "total_seconds": round(self.total_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "calibration_seconds": round(self.calibration_seconds, 4),
+            "host_ms_per_step": round(self.host_ms_per_step, 4),
+            "policy": self.policy,
             "tokens_per_second": round(self.tokens_per_second, 3),
             "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
         }

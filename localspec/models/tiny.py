@@ -172,6 +172,9 @@ def quantize(src: Path, dst: Path, quant: str) -> Path:
     Atomic like ``write_tiny_model``; an unknown ``quant`` or a failed run raises ValueError."""
     import llama_cpp  # deferred: loads llama.cpp's shared library
 
+    from ..engine.llama_backend import route_llama_logs_to_logging
+
+    route_llama_logs_to_logging()  # the quantizer reports each tensor on stderr otherwise
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)
     if quant.upper() not in QUANT_TYPES or ftype is None:
         raise ValueError(f"unknown quantization {quant!r} (one of {', '.join(QUANT_TYPES)})")

@@ -1,0 +1,168 @@
+"""What speculation costs on this machine, measured once per pair and settings, then cached.
+
+Two numbers decide whether drafting pays and whether it keeps the target's greedy output:
+
+* the **cost curve**: seconds for the target to decode n tokens in one batch (n = 1 .. K+1) and
+  for the draft to decode one token. On a memory-bound target (a GPU, an F16 model on a CPU) a
+  batch of 6 costs little more than 1 token; on a compute-bound one (a quantized model on a small
+  CPU) it costs nearly 6.
+* the **drift**: how far llama.cpp's batched logits stray from one-token logits. llama.cpp
+  computes a batch with other kernels than a single token; where the target's top-2 margin is
+  within that drift, a batched verification could choose differently from plain decoding.
+
+Both are measured on real text (the target's own continuation of the first request's prompt), at
+every width verification uses: measured on 6 arbitrary token ids
+at the start of the context, the drift of an F16 target came out 2.5x smaller than on real text at
+width 6+ (0.0065 vs 0.0163 logits; ``benchmarks/drift.py``), too small to guard the near-ties
+that then differed.
+
+Measuring takes a second or two on a CPU. It happens after the first token of the first request
+that drafts (so it never delays a first token), and the result is cached per (target file, draft
+file, llama.cpp build and CPU, loading settings); the engine keeps refining the cost curve online.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import paths
+from ..files import atomic_write
+from .llama_backend import LlamaRunner
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_VERSION = 2
+_WIDTHS = (2, 3, 5, 8, 13)
+_SPAN = 40  # positions compared one token at a time vs in batches
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Measured costs (seconds per target decode of n tokens, per draft token) and drift."""
+
+    target_points: dict[int, float]
+    draft_token: float
+    drift: float
+    seconds: float = 0.0  # what measuring took
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["target_points"] = {str(k): v for k, v in self.target_points.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Calibration:
+        return cls(target_points={int(k): float(v) for k, v in d["target_points"].items()},
+                   draft_token=float(d["draft_token"]), drift=float(d["drift"]),
+                   seconds=float(d.get("seconds", 0.0)))
+
+
+def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
+            start: int) -> Calibration:
+    """Time the target's decodes and the draft's step, and measure the drift, on real text.
+
+    Runs on top of whatever the target's KV cache holds (the engine calls it right after a
+    request's prefill, so the depth is a real prompt's) and restores it afterwards. The text is
+    the target's own greedy continuation from ``start`` (the token it just chose): what
+    verification will see, with no tokenizer involved (tokenizing arbitrary text aborts llama.cpp
+    on vocabularies without byte fallback)."""
+    t_start = time.perf_counter()
+    base = len(target.tokens)
+    room = target.n_ctx - base - 1
+    widths = tuple(sorted({w for w in (*_WIDTHS, k_max + 1)
+                           if 2 <= w <= min(k_max + 1, target.n_batch, room)}))
+    if not widths:
+        # No room to measure: assume verifying costs as much as decoding one by one, so auto
+        # does not draft until a later load measures it.
+        return Calibration({1: 1.0, 2: 2.0}, 1.0, 0.0, 0.0)
+    # Singles over a stretch longer than one verification: path differences can depend on the
+    # position (seen on a tiny Q4_K model: none before position 33, up to 0.08 logits after).
+    span = min(max(_SPAN, max(widths)), room)
+    seq, singles, t_single = [start], [], []
+    while len(singles) < span:
+        t0 = time.perf_counter()
+        logits = target.decode([seq[-1]], 1)[0]
+        t_single.append(time.perf_counter() - t0)
+        singles.append(logits.copy())
+        seq.append(int(np.argmax(logits)))
+    # The first single decode of a new context allocates graphs: the median ignores it.
+    points = {1: float(np.median(t_single[1:] or t_single))}
+    drift = 0.0
+    for w in widths:
+        # Back to back, as verification writes them: later batches sit on batch-written KV.
+        for offset in range(0, span - w + 1, w):
+            if offset == 0:
+                target.truncate(base)
+                target.decode(seq[:w], w)  # warm-up: a new batch shape allocates a graph
+                target.truncate(base)
+            t0 = time.perf_counter()
+            batched = target.decode(seq[offset:offset + w], w)
+            if offset == 0:
+                points[w] = time.perf_counter() - t0
+            drift = max(drift, max(float(np.abs(singles[offset + i] - batched[i]).max())
+                                   for i in range(w)))
+    target.truncate(base)
+    draft_token = 0.0
+    if draft is not None:
+        keep = len(draft.tokens)
+        ts = []
+        for tok in seq[:4]:
+            t0 = time.perf_counter()
+            draft.decode([tok], 1)
+            ts.append(time.perf_counter() - t0)
+        draft.truncate(keep)
+        draft_token = float(np.median(ts[1:]))
+    cal = Calibration(points, draft_token, drift, time.perf_counter() - t_start)
+    log.info("calibration in %.2fs: target %s; draft %.4fs/token; drift %.4f", cal.seconds,
+             {n: round(t, 4) for n, t in sorted(points.items())}, draft_token, drift)
+    return cal
+
+
+# -- the cache -----------------------------------------------------------------------------------
+def cache_key(target: LlamaRunner, draft: LlamaRunner | None, k_max: int) -> str:
+    from .gguf_meta import file_identity
+    from .repack import build_key
+
+    parts = [f"v{CALIBRATION_VERSION}", build_key(), file_identity(target.path),
+             repr(target.settings), str(target.repack.use_extra_bufts), str(k_max)]
+    if draft is not None:
+        parts += [file_identity(draft.path), repr(draft.settings),
+                  str(draft.repack.use_extra_bufts)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _path(key: str) -> Path:
+    return paths.cache_dir() / "calibration" / f"{key[:40]}.json"
+
+
+def load_cached(key: str) -> Calibration | None:
+    """A cached calibration for exactly this key; stale, foreign or corrupt files are ignored."""
+    try:
+        data = json.loads(_path(key).read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        cal = Calibration.from_json(data["calibration"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not cal.target_points or any(t <= 0 or not np.isfinite(t)
+                                    for t in cal.target_points.values()) \
+            or not np.isfinite(cal.drift) or cal.drift < 0:
+        return None
+    return cal
+
+
+def store(key: str, cal: Calibration) -> None:
+    try:
+        atomic_write(_path(key), json.dumps({"key": key, "calibration": cal.to_json()}))
+    except OSError as exc:  # an unwritable cache costs a calibration per load, nothing worse
+        log.info("cannot cache the calibration: %s", exc)
+
+
