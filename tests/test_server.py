@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import h11
 import httpx
 import openai
 import pytest
 
+import localspec.loading
+import localspec.server.app
+from localspec.cli import main
 from localspec.engine import GenerationRequest, ModelSettings, SamplingParams, SpeculativeEngine
 from localspec.remote import RemoteEngine, RemoteError, RemoteFinished
 from localspec.server import ServerConfig
@@ -52,6 +62,69 @@ def client(server: BackgroundServer) -> openai.OpenAI:
 
 def _metrics(srv: BackgroundServer, headers: dict[str, str] | None = None) -> dict:
     return httpx.get(srv.url + "/metrics?format=json", headers=headers).json()
+
+
+def _errors(srv: BackgroundServer) -> dict[str, int]:
+    return _metrics(srv)["request_errors_total"]
+
+
+def _cancelled(srv: BackgroundServer) -> int:
+    return _metrics(srv)["requests_finished_total"].get("cancelled", 0)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _on_one_connection(srv: BackgroundServer, *requests: tuple[str, str, bytes]
+                       ) -> list[tuple[int, bytes]]:
+    """Send the requests one after another on one keep-alive connection; (status, body) each.
+
+    h11 refuses to start the next request if the server closed the connection or asked to
+    (``Connection: close``), so a later answer proves the connection survived the earlier one.
+    """
+    conn = h11.Connection(h11.CLIENT)
+    answers: list[tuple[int, bytes]] = []
+    with socket.create_connection((srv.host, srv.port), timeout=30) as sock:
+        for method, target, body in requests:
+            if answers:
+                conn.start_next_cycle()
+            head = h11.Request(method=method, target=target,
+                               headers=[("Host", srv.host), ("Content-Length", str(len(body))),
+                                        ("Content-Type", "application/json")])
+            sock.sendall(conn.send(head) + conn.send(h11.Data(data=body))
+                         + conn.send(h11.EndOfMessage()))
+            status, data = 0, b""
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(sock.recv(1 << 16))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    data += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    raise AssertionError(f"the server closed the connection ({event!r})")
+            answers.append((status, data))
+    return answers
+
+
+@pytest.fixture()
+def server_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """INFO and up from localspec's server, and uvicorn's error log (where an exception that
+    escapes the app lands, with its traceback; it does not propagate to caplog's root)."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    caplog.set_level(logging.INFO, logger="localspec.server")
+    uvicorn_log.addHandler(caplog.handler)
+    yield caplog
+    uvicorn_log.removeHandler(caplog.handler)
 
 
 def _long_stream(c: openai.OpenAI, prompt: str = "a long story"):  # type: ignore[no-untyped-def]
@@ -209,6 +282,70 @@ def test_raw_http_errors(server: BackgroundServer) -> None:
     assert r.status_code == 405
 
 
+def test_deeply_nested_json_is_400_and_the_connection_survives(
+        server: BackgroundServer, server_log: pytest.LogCaptureFixture) -> None:
+    good = json.dumps({"prompt": "the", "max_tokens": 2, "temperature": 0}).encode()
+    (status, body), (next_status, next_body) = _on_one_connection(
+        server, ("POST", "/v1/completions", b"[" * 100_000), ("POST", "/v1/completions", good))
+    assert status == 400
+    error = json.loads(body)["error"]
+    assert "not valid JSON" in error["message"] and "nested too deeply" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert next_status == 200 and json.loads(next_body)["usage"]["completion_tokens"] == 2
+    assert not [r for r in server_log.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_unexpected_exception_is_a_500_body_and_one_log_line(
+        server: BackgroundServer, server_log: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(localspec.server.app, "models_list", broken)
+    before = _errors(server).get("500", 0)
+    (status, body), (next_status, _) = _on_one_connection(
+        server, ("GET", "/v1/models", b""), ("GET", "/health", b""))
+    assert status == 500
+    assert json.loads(body)["error"] == {"message": "internal error: RuntimeError",
+                                         "type": "server_error", "param": None, "code": None}
+    assert next_status == 200  # same connection
+    logged = [r for r in server_log.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1 and logged[0].name == "localspec.server.app"
+    assert "/v1/models" in logged[0].getMessage() and "a bug" in logged[0].getMessage()
+    assert not logged[0].exc_info
+    assert _errors(server).get("500", 0) == before + 1
+
+
+def test_client_leaving_during_upload_is_one_log_line(
+        server: BackgroundServer, server_log: pytest.LogCaptureFixture) -> None:
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                     b'{"prompt": "' + b"the " * 1000)
+        time.sleep(0.1)  # the server is reading the body when the client leaves
+
+    def disconnect_lines() -> list[logging.LogRecord]:
+        return [r for r in server_log.records if "disconnected" in r.getMessage()]
+
+    assert _wait_for(lambda: bool(disconnect_lines()))
+    time.sleep(0.1)  # anything logged after the line would be caught below
+    (line,) = disconnect_lines()
+    assert line.levelno == logging.INFO and "/v1/completions" in line.getMessage()
+    assert [r for r in server_log.records if r.exc_info or r.levelno >= logging.WARNING] == []
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_parse_request_does_not_recurse_into_nested_prompts() -> None:
+    cfg = ServerConfig(model_id=MODEL)
+    assert parse_request({"prompt": [[5, 6]]}, "completion", cfg).prompt_tokens == (5, 6)
+    nested: list[object] = [1]
+    for _ in range(5000):  # deeper than the interpreter's recursion limit
+        nested = [nested]
+    with pytest.raises(ApiError) as info:
+        parse_request({"prompt": nested}, "completion", cfg)
+    assert info.value.status == 400 and info.value.param == "prompt"
+
+
 def test_parse_request_maps_onto_the_engine() -> None:
     cfg = ServerConfig(model_id=MODEL)
     parsed = parse_request({"model": MODEL, "prompt": "x", "temperature": 0.5, "top_k": -1,
@@ -288,8 +425,8 @@ def test_burst_of_concurrent_clients(server: BackgroundServer, client: openai.Op
         assert text == expected[prompt]
 
 
-def test_disconnect_cancels_generation(server: BackgroundServer,
-                                       client: openai.OpenAI) -> None:
+def test_disconnect_cancels_generation(server: BackgroundServer, client: openai.OpenAI,
+                                       server_log: pytest.LogCaptureFixture) -> None:
     before = _metrics(server)
     stream = _long_stream(client)
     got = 0
@@ -310,6 +447,74 @@ def test_disconnect_cancels_generation(server: BackgroundServer,
     generated = after["completion_tokens_total"] - before["completion_tokens_total"]
     assert generated < 3500
     assert time.monotonic() - t0 < 10
+    # A client that leaves is not a server error.
+    assert after["request_errors_total"] == before["request_errors_total"]
+    assert not [r for r in server_log.records if r.exc_info or r.levelno >= logging.WARNING]
+
+
+def test_client_timeout_counts_as_cancelled_not_as_an_error(server: BackgroundServer) -> None:
+    before = _metrics(server)
+    long = {"messages": [{"role": "user", "content": "a long story"}], "max_tokens": 3500,
+            "temperature": 1.0, "seed": 1}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=long,
+                   timeout=httpx.Timeout(30, read=0.5))
+    assert _wait_for(lambda: _cancelled(server) == before["requests_finished_total"]
+                     .get("cancelled", 0) + 1)
+    after = _metrics(server)
+    assert after["request_errors_total"] == before["request_errors_total"]  # no 503
+    assert after["completion_tokens_total"] - before["completion_tokens_total"] < 3500
+    text = httpx.get(server.url + "/metrics").text
+    assert 'localspec_requests_finished_total{reason="cancelled"}' in text
+    assert 'localspec_request_errors_total{status="503"}' not in text
+
+
+def test_client_timing_out_in_the_queue_counts_as_cancelled(engine: SpeculativeEngine) -> None:
+    with _serve(engine, queue_size=4) as srv:
+        c = _client(srv)
+        worker = srv._server.config.app.state.localspec.worker  # type: ignore[attr-defined]
+        running = _long_stream(c, "one")
+        next(x for x in running if x.choices and x.choices[0].delta.content)  # generating now
+        with pytest.raises(httpx.ReadTimeout):  # waits behind "one", gives up
+            httpx.post(srv.url + "/v1/completions", json={"prompt": "two", "max_tokens": 5},
+                       timeout=httpx.Timeout(30, read=0.5))
+        assert _wait_for(lambda: worker.queued == 0)
+        later = _long_stream(c, "three")  # its arrival drops "two" from the queue
+        running.close()
+        later.close()
+        assert _wait_for(lambda: _cancelled(srv) == 3)  # one, two and three
+        assert _errors(srv) == {}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_shutdown_cancelling_a_generation_is_a_503_error(engine: SpeculativeEngine,
+                                                          stream: bool) -> None:
+    long = {"prompt": "a long story", "max_tokens": 3500, "temperature": 1.0, "seed": 2,
+            "stream": stream}
+    with _serve(engine) as srv:
+        worker = srv._server.config.app.state.localspec.worker  # type: ignore[attr-defined]
+        if stream:
+            with httpx.stream("POST", srv.url + "/v1/completions", json=long, timeout=30) as r:
+                lines = (ln for ln in r.iter_lines() if ln)
+                next(lines)  # generating now
+                worker.close()  # what the server's shutdown does
+                *_, last_event, done = lines
+            assert done == "data: [DONE]"
+            error = json.loads(last_event.removeprefix("data: "))["error"]
+        else:
+            answers: list[httpx.Response] = []
+            asking = threading.Thread(target=lambda: answers.append(
+                httpx.post(srv.url + "/v1/completions", json=long, timeout=30)))
+            asking.start()
+            assert _wait_for(lambda: worker.busy)
+            worker.close()
+            asking.join(30)
+            (answer,) = answers
+            assert answer.status_code == 503
+            error = answer.json()["error"]
+        assert error["code"] == "cancelled" and "shutting down" in error["message"]
+        assert _errors(srv) == {"503": 1}
+        assert _cancelled(srv) == 1
 
 
 def test_full_queue_answers_429(engine: SpeculativeEngine) -> None:
@@ -353,8 +558,10 @@ def test_engine_factory_loads_on_the_worker(target_gguf: Path) -> None:
         assert httpx.get(srv.url + "/health").status_code == 503
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x"})
         assert r.status_code == 503 and "Retry-After" in r.headers
+        assert _errors(srv) == {"503": 1}  # unavailable is a server error, unlike a client leaving
         gate.set()
-        app.state.localspec.worker.loaded.wait(10)
+        # Loading calibrates the pair with timed decodes: slow when the CPUs are shared.
+        assert app.state.localspec.worker.loaded.wait(60)
         assert httpx.get(srv.url + "/health").json()["status"] == "ok"
         out = _client(srv).completions.create(model="solo", prompt="the", max_tokens=3)
         assert out.usage.completion_tokens == 3
@@ -406,3 +613,76 @@ def test_sse_wire_format(server: BackgroundServer) -> None:
     assert all(ln.startswith("data: ") for ln in lines)
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+# -- `localspec serve`: the address is checked before the models load --------------------------
+@pytest.fixture()
+def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load_engine(_spec: object) -> None:
+        raise AssertionError("models were loaded")
+
+    monkeypatch.setattr(localspec.loading, "load_engine", load_engine)
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536", "eighty"])
+def test_serve_rejects_a_bad_port(port: str, no_loading: None,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--target", "model.gguf", f"--port={port}"])
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("localspec serve: error: argument --port: must be an integer in 0..65535 "
+                    f"(0 picks a free port), got {port}")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8080", "http://127.0.0.1", ""])
+def test_serve_rejects_a_host_with_a_port_or_scheme(host: str, no_loading: None,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--target", "model.gguf", f"--host={host}"])
+    assert info.value.code == 2
+    assert "argument --host:" in capsys.readouterr().err
+
+
+def test_serve_port_in_use_is_one_line_before_loading(no_loading: None,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--target", "model.gguf", "--port", str(port)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"localspec: error: 127.0.0.1:{port} is already in use (another localspec serve? "
+        "pick --port)"]
+
+
+def test_serve_unresolvable_host_is_a_usage_error(no_loading: None,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--target", "model.gguf", "--host", "no-such-host.invalid"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("localspec: error: --host no-such-host.invalid does not resolve")
+
+
+def test_serve_announces_the_port_it_listens_on(target_gguf: Path, draft_gguf: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target",
+                             str(target_gguf), "--draft", str(draft_gguf), "--ctx", "256",
+                             "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # ends early (EOF) if the server fails
+            lines.append(line)
+            if "serving" in line:
+                break
+        assert len(lines) == 2 and lines[0].startswith("localspec: loading"), lines
+        found = re.search(r"at (http://127\.0\.0\.1:(\d+))/v1 ", lines[1])
+        assert found and int(found[2]) != 0, lines
+        # Announced only once it answers.
+        health = httpx.get(found[1] + "/health", timeout=5)
+        assert health.json()["status"] == "ok"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
+import socket
 import sys
 
+from ..errors import LocalspecError
 from .common import add_draft_options, add_model_options, engine_spec
 
 
@@ -19,9 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_draft_options(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1",
+    g.add_argument("--host", type=_host, default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
-    g.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    g.add_argument("--port", type=_port, default=8080,
+                   help="port (default 8080; 0 picks a free one)")
     g.add_argument("--api-key", default=os.environ.get("LOCALSPEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $LOCALSPEC_API_KEY)")
     g.add_argument("--model-name", default=None,
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.names import display_name
     from ..server import ServerConfig
     from ..server.app import create_app
-    from ..server.running import serve
+    from ..server.running import base_url, bound_port, serve
 
     spec = engine_spec(args, args.pair)
     model_id = args.model_name or spec.pair_name or display_name(spec.target)
@@ -54,20 +58,89 @@ def run(args: argparse.Namespace) -> int:
         draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
                             k_max=args.k_max, rule=args.accept_rule))
     config.validate()
+    # Before loading: a taken port is reported in a moment, not after the models have loaded,
+    # and the port stays ours while they load (the same sockets are served).
+    sockets = _listen(args.host, args.port)
     if not _is_loopback(args.host) and not config.api_key:
         print(f"localspec: warning: serving on {args.host} without --api-key: anyone who can "
               "reach this port can use the model", file=sys.stderr)
-    print(f"localspec: loading {spec.display_name} ...", file=sys.stderr)
-    engine = load_engine(spec)
+    url = f"{base_url(args.host, bound_port(sockets))}/v1"
+
+    def announce() -> None:
+        print(f"localspec: serving '{model_id}' at {url} (Ctrl-C to stop)", file=sys.stderr,
+              flush=True)
+
     try:
-        config.draft.validate(engine.draft is not None)
-        app = create_app(engine, config)
-        print(f"localspec: serving '{model_id}' at http://{_url_host(args.host)}:{args.port}/v1 "
-              "(Ctrl-C to stop)", file=sys.stderr)
-        serve(app, args.host, args.port)
+        print(f"localspec: loading {spec.display_name} ...", file=sys.stderr, flush=True)
+        engine = load_engine(spec)
+        try:
+            config.draft.validate(engine.draft is not None)
+            serve(create_app(engine, config), sockets, on_started=announce)
+        finally:
+            engine.close()
     finally:
-        engine.close()
+        for sock in sockets:
+            sock.close()
     return 0
+
+
+def _port(text: str) -> int:
+    """``--port``, checked when the arguments are parsed (exit 2, before anything loads)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in 0..65535 (0 picks a free port), got {text}")
+    return port
+
+
+def _host(text: str) -> str:
+    """``--host``: an address or a name. A URL or ``host:port`` is a mistake worth naming now;
+    whether the name resolves is checked when binding, still before anything loads."""
+    host = text.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 address as written in URLs
+    if not host or "/" in host or (":" in host and not _is_ipv6(host)):
+        raise argparse.ArgumentTypeError(
+            f"must be an IP address or a host name (the port goes in --port), got {text!r}")
+    return host
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """The listening sockets for host:port, or one line saying why not.
+
+    A bad ``--host`` is a ValueError (usage, exit 2); a port that is taken or forbidden is a
+    LocalspecError (the machine's state, exit 1).
+    """
+    from ..server.running import listen_sockets
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        return listen_sockets(host, port)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host} does not resolve to an address ({exc.strerror})") \
+            from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"cannot listen on {where}: {host} is not an address of this "
+                             "machine (check --host)") from None
+        if exc.errno == errno.EADDRINUSE:
+            message = f"{where} is already in use (another localspec serve? pick --port)"
+        elif exc.errno == errno.EACCES:
+            message = (f"no permission to listen on {where} (ports below 1024 need privileges; "
+                       "pick --port)")
+        else:
+            message = f"cannot listen on {where}: {exc.strerror or exc}"
+        raise LocalspecError(message) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -77,7 +150,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

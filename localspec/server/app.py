@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -125,8 +125,20 @@ def create_app(engine_or_factory: SpeculativeEngine | Callable[[], SpeculativeEn
 Handler = Callable[[Request, ServerState], Any]
 
 
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready: nothing to send, and not an error
+    of the server's (its generation is counted as cancelled)."""
+
+
+# nginx's "client closed request". Never sent (uvicorn drops writes to a closed connection);
+# returning a response rather than raising keeps the exception out of uvicorn's error log.
+_CLIENT_CLOSED = 499
+
+
 def _endpoint(fn: Handler, auth: bool = True) -> Callable[[Request], Any]:
-    """Wrap a handler: API key check, and ApiError to an OpenAI error body (counted)."""
+    """Wrap a handler: API key check, ApiError to an OpenAI error body (counted), a client
+    that went away to one log line, and any other exception to a 500 body. Answering, rather
+    than letting an exception reach uvicorn, keeps the connection usable for the next request."""
     async def handler(request: Request) -> Response:
         state: ServerState = request.app.state.localspec
         try:
@@ -137,7 +149,24 @@ def _endpoint(fn: Handler, auth: bool = True) -> Callable[[Request], Any]:
         except ApiError as err:
             state.metrics.error(err.status)
             return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        except ClientDisconnect:
+            log.info("%s %s: the client disconnected while sending its request",
+                     request.method, request.url.path)
+            return Response(status_code=_CLIENT_CLOSED)
+        except _ClientGone:
+            return Response(status_code=_CLIENT_CLOSED)
+        except Exception as exc:  # noqa: BLE001 - a bug must cost one request, not the connection
+            internal = _internal_error(exc, f"{request.method} {request.url.path}")
+            state.metrics.error(internal.status)
+            return JSONResponse(internal.body(), status_code=internal.status)
     return handler
+
+
+def _internal_error(exc: Exception, where: str) -> ApiError:
+    """An unexpected exception: one log line (the traceback only at debug level)."""
+    log.error("%s failed: %s: %s", where, type(exc).__name__, exc)
+    log.debug("%s failed", where, exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -173,6 +202,8 @@ async def _read_json(request: Request, limit: int) -> Any:
         raise too_big
     try:
         return json.loads(b"".join(parts))
+    except RecursionError as exc:  # e.g. b"[" * 100_000: the decoder recurses per level
+        raise ApiError(400, "the request body is not valid JSON (nested too deeply)") from exc
     except ValueError as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc})") from exc
 
@@ -224,15 +255,27 @@ class _Events:
         self.queue.put_nowait(event)
 
 
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client goes away, freeing the engine for the next request."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            if not job.cancel.is_set():
-                log.info("client disconnected; cancelling its generation")
-            job.cancel.set()
-            return
+class _DisconnectWatch:
+    """Cancels a job when its client goes away, freeing the engine for the next request, and
+    remembers that it did: a generation cancelled for a departed client is not an error, one
+    cancelled by the server (shutting down) is."""
+
+    def __init__(self, request: Request, job: Job) -> None:
+        self.client_gone = False
+        self._task = asyncio.create_task(self._watch(request, job))
+
+    async def _watch(self, request: Request, job: Job) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.client_gone = True
+                if not job.cancel.is_set():
+                    log.info("client disconnected; cancelling its generation")
+                job.cancel.set()
+                return
+
+    def stop(self) -> None:
+        self._task.cancel()
 
 
 # -- routes ------------------------------------------------------------------------------------
@@ -289,17 +332,17 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
                        headers={"Retry-After": state.retry_after()}) from exc
     except EngineUnavailableError as exc:
         raise _unavailable(state, exc) from exc
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    watch = _DisconnectWatch(request, job)
     rid = new_id(kind)
     if parsed.stream:
-        return StreamingResponse(_stream(state, parsed, rid, model, job, events, watcher),
+        return StreamingResponse(_stream(state, parsed, rid, model, job, events, watch),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
     try:
-        done = await _collect(state, events)
+        done = await _collect(events, watch)
     finally:
-        watcher.cancel()
+        watch.stop()
         job.cancel.set()  # no-op when finished; stops the engine if this handler is cancelled
     return JSONResponse(full_response(kind, rid, model, done))
 
@@ -329,20 +372,28 @@ def _tokenize(engine: SpeculativeEngine, parsed: ParsedRequest) -> tuple[int, ..
     return parsed.prompt_tokens
 
 
-async def _collect(state: ServerState, events: _Events) -> Finished:
+def _shutdown_cancelled() -> ApiError:
+    return ApiError(503, "the generation was cancelled (server shutting down)",
+                    type="server_error", code="cancelled")
+
+
+async def _collect(events: _Events, watch: _DisconnectWatch) -> Finished:
     while True:
         event = await events.queue.get()
         if isinstance(event, Finished):
             if event.finish_reason == "cancelled":
-                raise ApiError(503, "the generation was cancelled (server shutting down)",
-                               type="server_error", code="cancelled")
+                if watch.client_gone:
+                    raise _ClientGone
+                raise _shutdown_cancelled()
             return event
         if isinstance(event, JobFailed):
             raise _failure(event.error)
 
 
 async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: str, job: Job,
-                  events: _Events, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+                  events: _Events, watch: _DisconnectWatch) -> AsyncIterator[bytes]:
+    # The status line (200) is sent with the first event: an error from here on can only be
+    # an error event, and is counted like an error status.
     kind = parsed.kind
     try:
         if kind == "chat":
@@ -351,22 +402,25 @@ async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: st
             event = await events.queue.get()
             if isinstance(event, TextChunk):
                 yield sse(chunk(kind, rid, model, event.text))
-            elif isinstance(event, Finished):
-                if event.finish_reason == "cancelled":
-                    yield sse(error_body("the generation was cancelled", "server_error",
-                                         code="cancelled"))
-                else:
-                    yield sse(chunk(kind, rid, model, done=event))
-                    if parsed.include_usage:
-                        yield sse(usage_chunk(kind, rid, model, event))
+                continue
+            if isinstance(event, Finished) and event.finish_reason != "cancelled":
+                yield sse(chunk(kind, rid, model, done=event))
+                if parsed.include_usage:
+                    yield sse(usage_chunk(kind, rid, model, event))
                 break
-            else:
-                err = _failure(event.error)
-                state.metrics.error(err.status)
-                yield sse(err.body())
-                break
-        yield sse("[DONE]")
+            if isinstance(event, Finished) and watch.client_gone:
+                return  # nobody to tell; counted as cancelled when the event arrived
+            err = _shutdown_cancelled() if isinstance(event, Finished) \
+                else _failure(event.error)
+            state.metrics.error(err.status)
+            yield sse(err.body())
+            break
+    except Exception as exc:  # noqa: BLE001 - as in _endpoint: one event, not a dropped stream
+        internal = _internal_error(exc, f"streaming {rid}")
+        state.metrics.error(internal.status)
+        yield sse(internal.body())
     finally:
         # Reached also when the client disconnects (the response task is cancelled).
         job.cancel.set()
-        watcher.cancel()
+        watch.stop()
+    yield sse("[DONE]")

@@ -16,7 +16,8 @@ from ..engine.decoder import Finished
 _HELP = {
     "requests_total": ("Generation requests received, by endpoint.", "counter"),
     "request_errors_total": ("Requests answered with an error, by HTTP status.", "counter"),
-    "requests_finished_total": ("Generations finished, by finish reason.", "counter"),
+    "requests_finished_total": ("Generations finished, by finish reason (cancelled: the client "
+                                "went away, or the server shut down).", "counter"),
     "prompt_tokens_total": ("Prompt tokens processed.", "counter"),
     "completion_tokens_total": ("Tokens generated.", "counter"),
     "draft_tokens_total": ("Tokens proposed by the drafters.", "counter"),

@@ -187,8 +187,12 @@ def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:
             return None, tuple(value)
         if len(value) == 1 and isinstance(value[0], str):
             return value[0], None
-        if len(value) == 1 and isinstance(value[0], list):
-            return _prompt(value[0])
+        inner = value[0]
+        # One list of token ids in a list: OpenAI's batch form with one prompt. Unwrapped once,
+        # not recursively, so a deeply nested body cannot exhaust the stack here.
+        if len(value) == 1 and isinstance(inner, list) and inner \
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in inner):
+            return None, tuple(inner)
         raise unsupported("prompt", "one prompt per request (a string or a list of token ids)")
     raise bad_param("prompt", "'prompt' must be a string or a list of token ids",
                     "missing_required" if value is None else "invalid_value")

@@ -111,14 +111,20 @@ class EngineWorker:
         self._check_available()
         job = Job(request, sink)
         with self._cv:
-            # A client that gave up while waiting must not hold its slot.
+            # A client that gave up while waiting must not hold its slot. Its job still ends
+            # with an event, as every job does: its handler is waiting for one.
+            given_up = [j for j in self._jobs if j.cancel.is_set()]
             self._jobs = collections.deque(j for j in self._jobs if not j.cancel.is_set())
-            waiting = len(self._jobs) + (self._current is not None)
-            if waiting > self.queue_size:
-                raise QueueFullError(f"{len(self._jobs)} requests are already waiting for the "
-                                     "engine; retry later")
-            self._jobs.append(job)
-            self._cv.notify()
+            queued = len(self._jobs)
+            full = queued + (self._current is not None) > self.queue_size
+            if not full:
+                self._jobs.append(job)
+                self._cv.notify()
+        for dropped in given_up:
+            _emit(dropped, _cancelled(dropped))
+        if full:
+            raise QueueFullError(f"{queued} requests are already waiting for the engine; "
+                                 "retry later")
         return job
 
     def call(self, fn: Callable[[], T]) -> Future[T]:

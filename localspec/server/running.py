@@ -1,5 +1,10 @@
 """Running the app under uvicorn: in the foreground (the CLI) or on a background thread (tests,
-benchmarks, and anything that embeds a server next to its own work)."""
+benchmarks, and anything that embeds a server next to its own work).
+
+Both listen on sockets bound here first (``listen_sockets``), so the address is checked, and held,
+before anything slow (loading models) happens. This module imports uvicorn: import it only to
+serve.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,90 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+import uvicorn
 
 log = logging.getLogger(__name__)
 
+# uvicorn's default backlog (it calls listen() again with its own when it starts serving).
+_BACKLOG = 2048
 
-def serve(app: Any, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve until interrupted (Ctrl-C); uvicorn handles the signals."""
-    import uvicorn  # deferred: only serving needs it
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
+def listen_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bind and listen on every address ``host`` resolves to, as uvicorn would.
+
+    The options are asyncio's ``create_server``'s (uvicorn's own bind path): SO_REUSEADDR, so a
+    port left in TIME_WAIT by a previous server is reusable but one another server listens on is
+    not, and IPV6_V6ONLY, so ``0.0.0.0`` and ``::`` can both be bound. The sockets listen at once:
+    on Linux a bound socket that does not listen yet does not keep a second SO_REUSEADDR server
+    off the port. Port 0 picks one free port for all the addresses. Raises ``OSError``
+    (``socket.gaierror`` when the host does not resolve).
+    """
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    addresses = list(dict.fromkeys((family, str(sockaddr[0])) for family, *_, sockaddr in infos))
+    sockets: list[socket.socket] = []
+    try:
+        for family, address in addresses:
+            chosen = bound_port(sockets) if sockets else port
+            sockets.append(_listen_one(family, address, chosen))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _listen_one(family: int, address: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((address, port))
+        sock.listen(_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bound_port(sockets: list[socket.socket]) -> int:
+    """The port the sockets listen on (the one picked, when 0 was asked for)."""
+    return int(sockets[0].getsockname()[1])
+
+
+def base_url(host: str, port: int) -> str:
+    """``http://host:port``, with an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling its owner when it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config,
+                 on_started: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
+
+
+def serve(app: Any, sockets: list[socket.socket], log_level: str = "warning",
+          on_started: Callable[[], None] | None = None) -> None:
+    """Serve on ``sockets`` (from ``listen_sockets``) until interrupted (Ctrl-C); uvicorn handles
+    the signals. ``on_started`` runs once the app has started and the server accepts requests.
+    The sockets are closed on return."""
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    try:
+        _Server(config, on_started).run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class BackgroundServer:
@@ -29,17 +106,13 @@ class BackgroundServer:
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning") -> None:
-        import uvicorn
-
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = self._sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
+        self._sockets = listen_sockets(host, port)
+        self.host, self.port = host, bound_port(self._sockets)
+        self.url = base_url(host, self.port)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
                                                      timeout_graceful_shutdown=5))
         self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]},
+                                        kwargs={"sockets": self._sockets},
                                         name="localspec-server", daemon=True)
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
@@ -56,7 +129,8 @@ class BackgroundServer:
     def stop(self, timeout: float = 30.0) -> None:
         self._server.should_exit = True
         self._thread.join(timeout)
-        self._sock.close()
+        for sock in self._sockets:
+            sock.close()
 
     def __enter__(self) -> BackgroundServer:
         return self.start()
