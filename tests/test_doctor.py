@@ -228,7 +228,7 @@ def _fake_python(tmp_path: Path, body: str) -> str:
     ("kill -ILL $$", "importing llama_cpp kills Python (SIGILL)"),
     ("echo 'OSError: libcuda.so.1: cannot open shared object file' >&2; exit 1",
      "import llama_cpp failed: OSError: libcuda.so.1"),
-])
+], ids=["sigill", "import-error"])
 def test_a_broken_llama_cpp_fails_with_the_reinstall(tmp_path: Path, body: str,
                                                      says: str) -> None:
     # A stand-in interpreter (named as a fake) that dies the way a broken build does.
