@@ -30,9 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .formatting import human_bytes
+
+if TYPE_CHECKING:  # the engine package imports numpy: only when a check needs it
+    from .engine.repack import SelfTestResult
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +320,7 @@ def check_cpu(build: LlamaBuild) -> Check:
 
 # -- 4. the repack self-test ---------------------------------------------------------------------
 def check_repack(build: LlamaBuild, *, fresh: bool = False, cache: Path | None = None,
-                 run: Callable[[], Any] | None = None) -> Check:
+                 run: Callable[[], SelfTestResult] | None = None) -> Check:
     """The cached verdict for this build and CPU, else (or with ``fresh``) a new self-test.
 
     Uses ``repack``'s parts rather than ``decide_auto``: doctor reports the time and whether the
