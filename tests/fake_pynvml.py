@@ -32,7 +32,7 @@ class _Proc:
 def make_fake_pynvml(*, driver: bool = True, gpus: int = 1, pid: int = 0,
                      process_memory: int | None = 3 * 1024**3,
                      utilization_supported: bool = True) -> types.ModuleType:
-    """A module with pynvml's functions the monitor uses; ``calls`` counts nvmlShutdown."""
+    """pynvml's functions that the monitor and doctor use; ``calls`` counts init/shutdown."""
     mod = types.ModuleType("fake_pynvml")
     mod.NVMLError = NVMLError  # type: ignore[attr-defined]
     state = {"init": 0, "shutdown": 0}
@@ -53,6 +53,8 @@ def make_fake_pynvml(*, driver: bool = True, gpus: int = 1, pid: int = 0,
 
     mod.nvmlInit = nvmlInit  # type: ignore[attr-defined]
     mod.nvmlShutdown = nvmlShutdown  # type: ignore[attr-defined]
+    mod.nvmlSystemGetDriverVersion = lambda: "550.54.15"  # type: ignore[attr-defined]
+    mod.nvmlSystemGetCudaDriverVersion = lambda: 12040  # type: ignore[attr-defined]
     mod.nvmlDeviceGetCount = lambda: gpus  # type: ignore[attr-defined]
     mod.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
     mod.nvmlDeviceGetName = lambda h: b"Fake GPU %d" % h  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from ..errors import LocalspecError
 
 # Order is the order shown in --help.
-SUBCOMMANDS = ("run", "demo", "bench", "inspect", "pull", "list", "suggest", "pair", "serve", "tui")
+SUBCOMMANDS = ("run", "demo", "bench", "inspect", "pull", "list", "suggest", "pair", "serve",
+               "doctor", "tui")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
