@@ -1,18 +1,28 @@
 """Side-by-side measurement: the same prompts through the target alone and through the engine.
 
-Both runs share one process and one loaded target (the plain run is the engine with drafting
-off), so the ratio compares decoding strategies, not loads or machines.
+Everything is a ratio from one process and one run: the speculative engine against what a user
+would run instead, on the same target, prompts and settings. "Instead" is llama-cpp-python's own
+generation loop (``Llama.generate`` on the same file) or, with ``baseline="engine"``, this engine
+with drafting off. Runs of the contenders alternate per prompt, so drift in the machine's speed
+hits them alike. Optionally each fixed K runs beside auto (``sweep``) to show how auto compares
+with the best fixed draft length in hindsight.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+import numpy as np
 
 from .engine import DraftSettings, GenerationRequest, SamplingParams, SpeculativeEngine
+from .engine.sampling import apply_penalties
 from .engine.stats import GenerationStats
+
+Baseline = Literal["llama-cpp-python", "engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,41 +69,6 @@ BUILTIN_PROMPTS: tuple[BenchPrompt, ...] = (
 )
 
 
-@dataclass(slots=True)
-class PromptResult:
-    prompt: BenchPrompt
-    plain: list[GenerationStats] = field(default_factory=list)
-    spec: list[GenerationStats] = field(default_factory=list)
-    identical: bool = True
-
-    @staticmethod
-    def _median(runs: list[GenerationStats], attr: str) -> float:
-        return statistics.median(getattr(s, attr) for s in runs)
-
-    def to_json(self) -> dict[str, Any]:
-        m = self._median
-        plain_tps, spec_tps = m(self.plain, "tokens_per_second"), m(self.spec, "tokens_per_second")
-        plain_dec = m(self.plain, "decode_tokens_per_second")
-        spec_dec = m(self.spec, "decode_tokens_per_second")
-        return {
-            "name": self.prompt.name,
-            "kind": self.prompt.kind,
-            "tokens": self.spec[-1].completion_tokens,
-            "plain_tokens_per_second": round(plain_tps, 3),
-            "spec_tokens_per_second": round(spec_tps, 3),
-            "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
-            "plain_decode_tokens_per_second": round(plain_dec, 3),
-            "spec_decode_tokens_per_second": round(spec_dec, 3),
-            "decode_speedup": round(spec_dec / plain_dec, 3) if plain_dec else 0.0,
-            "plain_ttft_seconds": round(m(self.plain, "ttft_seconds"), 4),
-            "spec_ttft_seconds": round(m(self.spec, "ttft_seconds"), 4),
-            "acceptance_rate": round(m(self.spec, "acceptance_rate"), 4),
-            "mean_accepted_length": round(m(self.spec, "mean_accepted_length"), 3),
-            "mean_k": round(m(self.spec, "mean_k"), 3),
-            "identical": self.identical,
-        }
-
-
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
     max_tokens: int = 128
@@ -101,59 +76,224 @@ class BenchConfig:
     sampling: SamplingParams = SamplingParams()
     draft: DraftSettings = DraftSettings()
     raw: bool = False
+    baseline: Baseline = "llama-cpp-python"
+    sweep: tuple[int, ...] = ()
 
 
-def _request(engine: SpeculativeEngine, prompt: BenchPrompt, cfg: BenchConfig,
-             draft: DraftSettings) -> GenerationRequest:
-    if cfg.raw:
-        tokens = engine.tokenize(prompt.text, chat=False)
-    else:
-        tokens = engine.tokenize(engine.chat_prompt([{"role": "user", "content": prompt.text}]),
-                                 chat=True)
-    return GenerationRequest(prompt_tokens=tokens, max_tokens=cfg.max_tokens,
-                             sampling=cfg.sampling, draft=draft)
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    tokens: tuple[int, ...]
+    stats: GenerationStats
+
+
+class Contender(Protocol):
+    """One way of generating: ``run(prompt tokens)`` from an empty cache, timed."""
+
+    name: str
+
+    def run(self, prompt: tuple[int, ...]) -> RunResult: ...
+
+
+@dataclass(slots=True)
+class EngineContender:
+    """The engine with some draft settings (drafting off: the engine's own plain decoding)."""
+
+    name: str
+    engine: SpeculativeEngine
+    cfg: BenchConfig
+    draft: DraftSettings
+
+    def run(self, prompt: tuple[int, ...]) -> RunResult:
+        self.engine.target.reset()  # no prefix reuse between runs: each pays its prompt
+        if self.engine.draft is not None:
+            self.engine.draft.reset()
+        done = self.engine.generate(GenerationRequest(
+            prompt_tokens=prompt, max_tokens=self.cfg.max_tokens, sampling=self.cfg.sampling,
+            draft=self.draft))
+        return RunResult(done.tokens, done.stats)
+
+
+@dataclass(slots=True)
+class LlamaCppPythonContender:
+    """llama-cpp-python's own ``Llama.generate`` loop on the same target file: what a user of
+    the library runs instead. Greedy is ``top_k=1``; sampling uses its own sampler chain."""
+
+    llm: Any
+    cfg: BenchConfig
+    eos: frozenset[int]
+    name: str = "llama-cpp-python"
+
+    def run(self, prompt: tuple[int, ...]) -> RunResult:
+        sp = self.cfg.sampling
+        greedy = sp.greedy
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for tok in self.llm.generate(list(prompt), reset=True, temp=0.0 if greedy else
+                                     sp.temperature, top_k=1 if greedy else sp.top_k,
+                                     top_p=sp.top_p, min_p=sp.min_p,
+                                     repeat_penalty=sp.repeat_penalty):
+            if not out:
+                stats.ttft_seconds = time.perf_counter() - t0
+            if tok in self.eos:
+                break
+            out.append(int(tok))
+            if len(out) >= self.cfg.max_tokens:
+                break
+        stats.total_seconds = time.perf_counter() - t0
+        stats.completion_tokens = len(out)
+        stats.target_passes = len(out)
+        return RunResult(tuple(out), stats)
+
+
+@dataclass(slots=True)
+class PromptResult:
+    prompt: BenchPrompt
+    runs: dict[str, list[RunResult]] = field(default_factory=dict)
+    first_difference: dict[str, Any] | None = None
+
+    def add(self, name: str, result: RunResult) -> None:
+        self.runs.setdefault(name, []).append(result)
+
+    def median(self, name: str, attr: str) -> float:
+        return statistics.median(getattr(r.stats, attr) for r in self.runs[name])
+
+    def identical(self, a: str, b: str) -> bool:
+        return all(x.tokens == y.tokens for x, y in zip(self.runs[a], self.runs[b], strict=True))
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def _prompt_tokens(engine: SpeculativeEngine, prompt: BenchPrompt, raw: bool) -> tuple[int, ...]:
+    if raw:
+        return engine.tokenize(prompt.text, chat=False)
+    return engine.tokenize(engine.chat_prompt([{"role": "user", "content": prompt.text}]),
+                           chat=True)
+
+
+def first_difference(engine: SpeculativeEngine, prompt: tuple[int, ...], a: Sequence[int],
+                     b: Sequence[int], sampling: SamplingParams) -> dict[str, Any] | None:
+    """Where two outputs of one prompt part, and how close the target's choice was there.
+
+    The target's top-2 logit margin at that position comes from a one-token pass (what plain
+    decoding computes): a margin within the engine's near-tie guard means a numerical near-tie
+    that batched kernels may decide differently; a large margin would be a bug."""
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+             None if len(a) == len(b) else min(len(a), len(b)))
+    if n is None:
+        return None
+    seq = list(prompt) + list(a[:n])
+    runner = engine.target
+    runner.reset()
+    runner.sync(seq[:-1], 1)
+    logits = np.array(runner.decode(seq[-1:], 1)[0], dtype=np.float64)
+    runner.reset()
+    x = apply_penalties(logits, seq, sampling)
+    top2 = np.sort(np.partition(x, -2)[-2:])
+    margin = float(top2[1] - top2[0])
+    return {"position": n, "baseline_token": a[n] if n < len(a) else None,
+            "speculative_token": b[n] if n < len(b) else None,
+            "top2_margin": round(margin, 5), "tie_margin": round(engine.tie_margin, 5),
+            "near_tie": margin < max(engine.tie_margin, 1e-6)}
 
 
 def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: BenchConfig,
-              on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Alternate plain and speculative runs per prompt; medians per prompt, totals overall."""
+              on_step: Callable[[str], None] | None = None,
+              llama: Any | None = None) -> dict[str, Any]:
+    """Alternate the contenders per prompt; medians per prompt, totals overall.
+
+    ``llama`` is llama-cpp-python's ``Llama`` on the target (needed for that baseline)."""
+    plain = EngineContender("plain", engine, cfg, DraftSettings(mode="none"))
+    spec = EngineContender("speculative", engine, cfg, cfg.draft)
+    contenders: list[Contender] = [plain, spec]
+    if cfg.baseline == "llama-cpp-python":
+        if llama is None:
+            raise ValueError("the llama-cpp-python baseline needs a Llama instance")
+        eos = frozenset(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))
+        contenders.insert(0, LlamaCppPythonContender(llama, cfg, eos))
+    sweep_names = [f"K={k}" for k in cfg.sweep]
+    contenders += [EngineContender(name, engine, cfg, replace(cfg.draft, k=k))
+                   for name, k in zip(sweep_names, cfg.sweep, strict=True)]
+    baseline = contenders[0].name
     results: list[PromptResult] = []
-    plain_draft = DraftSettings(mode="none")
     if prompts:
         # Not counted: the first decode of a given batch shape allocates llama.cpp's compute
-        # graph, which would otherwise be charged to whichever run happens to go first.
-        for draft in (plain_draft, cfg.draft):
-            engine.generate(_request(engine, prompts[0], cfg, draft))
+        # graph (and auto calibrates once), which would otherwise be charged to whoever ran first.
+        tokens = _prompt_tokens(engine, prompts[0], cfg.raw)
+        for c in contenders:
+            c.run(tokens)
     for prompt in prompts:
+        tokens = _prompt_tokens(engine, prompt, cfg.raw)
         res = PromptResult(prompt)
         for _ in range(cfg.repeats):
-            engine.target.reset()  # no prefix reuse between runs: each pays its prompt
-            plain = engine.generate(_request(engine, prompt, cfg, plain_draft))
-            if on_step:
-                on_step(f"{prompt.name}: plain")
-            engine.target.reset()
-            if engine.draft is not None:
-                engine.draft.reset()
-            spec = engine.generate(_request(engine, prompt, cfg, cfg.draft))
-            if on_step:
-                on_step(f"{prompt.name}: speculative")
-            res.plain.append(plain.stats)
-            res.spec.append(spec.stats)
-            res.identical &= plain.tokens == spec.tokens
+            for c in contenders:
+                res.add(c.name, c.run(tokens))
+                if on_step:
+                    on_step(f"{prompt.name}: {c.name}")
+        if cfg.sampling.greedy and not res.identical(baseline, "speculative"):
+            res.first_difference = first_difference(
+                engine, tokens, res.runs[baseline][-1].tokens, res.runs["speculative"][-1].tokens,
+                cfg.sampling)
         results.append(res)
-    return summarize(results, cfg)
+    return summarize(results, cfg, baseline, sweep_names)
 
 
-def summarize(results: list[PromptResult], cfg: BenchConfig) -> dict[str, Any]:
-    per_prompt = [r.to_json() for r in results]
+def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
+                 sweep: list[str]) -> dict[str, Any]:
+    m = r.median
+    base_tps, spec_tps = m(baseline, "tokens_per_second"), m("speculative", "tokens_per_second")
+    base_dec = m(baseline, "decode_tokens_per_second")
+    spec_dec = m("speculative", "decode_tokens_per_second")
+    out: dict[str, Any] = {
+        "name": r.prompt.name,
+        "kind": r.prompt.kind,
+        "tokens": r.runs["speculative"][-1].stats.completion_tokens,
+        "baseline": baseline,
+        "plain_tokens_per_second": round(base_tps, 3),
+        "spec_tokens_per_second": round(spec_tps, 3),
+        "speedup": _ratio(spec_tps, base_tps),
+        "plain_decode_tokens_per_second": round(base_dec, 3),
+        "spec_decode_tokens_per_second": round(spec_dec, 3),
+        "decode_speedup": _ratio(spec_dec, base_dec),
+        "plain_ttft_seconds": round(m(baseline, "ttft_seconds"), 4),
+        "spec_ttft_seconds": round(m("speculative", "ttft_seconds"), 4),
+        "acceptance_rate": round(m("speculative", "acceptance_rate"), 4),
+        "mean_accepted_length": round(m("speculative", "mean_accepted_length"), 3),
+        "mean_k": round(m("speculative", "mean_k"), 3),
+        "spec_host_ms_per_step": round(m("speculative", "host_ms_per_step"), 4),
+        "engine_plain_tokens_per_second": round(m("plain", "tokens_per_second"), 3),
+        "engine_plain_host_ms_per_step": round(m("plain", "host_ms_per_step"), 4),
+        "policy": r.runs["speculative"][-1].stats.policy,
+        "identical": r.identical(baseline, "speculative") if cfg.sampling.greedy else None,
+        "first_difference": r.first_difference,
+    }
+    if baseline != "plain":
+        out["engine_plain_vs_baseline"] = _ratio(m("plain", "tokens_per_second"), base_tps)
+    if sweep:
+        fixed = {name: round(m(name, "tokens_per_second"), 3) for name in sweep}
+        best = max(fixed, key=lambda n: fixed[n])
+        out["sweep"] = {"tokens_per_second": fixed, "best": best,
+                        "auto_vs_best": _ratio(spec_tps, fixed[best])}
+    return out
+
+
+def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "plain",
+              sweep: list[str] | None = None) -> dict[str, Any]:
+    per_prompt = [_prompt_json(r, cfg, baseline, sweep or []) for r in results]
+
+    def total_time(key: str) -> float:
+        return sum(p["tokens"] / p[key] for p in per_prompt if p.get(key))
+
     tokens = sum(p["tokens"] for p in per_prompt)
-    plain_time = sum(p["tokens"] / p["plain_tokens_per_second"] for p in per_prompt
-                     if p["plain_tokens_per_second"])
-    spec_time = sum(p["tokens"] / p["spec_tokens_per_second"] for p in per_prompt
-                    if p["spec_tokens_per_second"])
-    return {
+    plain_time, spec_time = total_time("plain_tokens_per_second"), \
+        total_time("spec_tokens_per_second")
+    out: dict[str, Any] = {
         "speedup": round(plain_time / spec_time, 3) if spec_time else 0.0,
-        "all_identical": all(r.identical for r in results),
+        "all_identical": all(p["identical"] for p in per_prompt) if cfg.sampling.greedy
+        else None,
+        "baseline": baseline,
         "plain_tokens_per_second": round(tokens / plain_time, 3) if plain_time else 0.0,
         "spec_tokens_per_second": round(tokens / spec_time, 3) if spec_time else 0.0,
         "max_tokens": cfg.max_tokens,
@@ -163,9 +303,23 @@ def summarize(results: list[PromptResult], cfg: BenchConfig) -> dict[str, Any]:
         "k": "auto" if cfg.draft.k is None else cfg.draft.k,
         "prompts": per_prompt,
     }
+    if baseline != "plain":
+        engine_time = total_time("engine_plain_tokens_per_second")
+        out["engine_plain_vs_baseline"] = round(plain_time / engine_time, 3) \
+            if engine_time else None
+    if sweep:
+        ratios = [p["sweep"]["auto_vs_best"] for p in per_prompt if p["sweep"]["auto_vs_best"]]
+        best_time = sum(p["tokens"] / p["sweep"]["tokens_per_second"][p["sweep"]["best"]]
+                        for p in per_prompt)
+        out["sweep"] = {"k": list(cfg.sweep),
+                        "auto_vs_best_min": min(ratios) if ratios else None,
+                        "auto_vs_best_overall": round(best_time / spec_time, 3)
+                        if spec_time else None}
+    return out
 
 
-def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> tuple[str, GenerationStats]:
+# -- servers -------------------------------------------------------------------------------------
+def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> RunResult:
     from .remote import RemoteFinished
 
     events = (remote.stream_completion(prompt.text, cfg.max_tokens, cfg.sampling) if cfg.raw
@@ -173,7 +327,7 @@ def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> tuple[str
                                       cfg.max_tokens, cfg.sampling))
     for event in events:
         if isinstance(event, RemoteFinished):
-            return event.text, event.stats
+            return RunResult(tuple(event.text), event.stats)  # text as the identity key
     raise AssertionError("remote stream ended without a final event")  # pragma: no cover
 
 
@@ -181,31 +335,33 @@ def run_remote_bench(remote: Any, prompts: Sequence[BenchPrompt], cfg: BenchConf
                      baseline: Any | None = None,
                      on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The same measurement against OpenAI-compatible servers (``RemoteEngine``s): ``remote`` is
-    the speculative deployment, ``baseline`` (optional) the same target without drafting.
-    Without a baseline, the plain columns repeat the remote's own figures and speedup is 1."""
+    the speculative deployment, ``baseline`` (optional) the same target without drafting."""
     results: list[PromptResult] = []
     if prompts:
         _remote_run(remote, prompts[0], cfg)  # warm-up, not counted
     for prompt in prompts:
         res = PromptResult(prompt)
         for _ in range(cfg.repeats):
-            text, stats = _remote_run(remote, prompt, cfg)
+            res.add("speculative", _remote_run(remote, prompt, cfg))
             if on_step:
                 on_step(f"{prompt.name}: remote")
-            res.spec.append(stats)
             if baseline is not None:
-                base_text, base_stats = _remote_run(baseline, prompt, cfg)
+                res.add("baseline", _remote_run(baseline, prompt, cfg))
                 if on_step:
                     on_step(f"{prompt.name}: baseline")
-                res.plain.append(base_stats)
-                res.identical &= base_text == text
-            else:
-                res.plain.append(stats)
+            res.add("plain", res.runs["baseline" if baseline is not None else "speculative"][-1])
+        if baseline is None:
+            res.runs["baseline"] = res.runs["speculative"]
         results.append(res)
-    out = summarize(results, cfg)
+    out = summarize(results, cfg, "baseline")
+    out.pop("engine_plain_vs_baseline", None)
     out["remote"] = True
     out["baseline"] = baseline is not None
     out["draft_mode"] = out["k"] = "server's"
+    for p in out["prompts"]:
+        for key in ("engine_plain_vs_baseline", "engine_plain_tokens_per_second",
+                    "engine_plain_host_ms_per_step", "spec_host_ms_per_step", "policy"):
+            p.pop(key, None)
     if baseline is None:  # nothing to compare against: no ratio rather than a made-up 1.0
         out["speedup"] = None
         for p in out["prompts"]:

@@ -282,8 +282,9 @@ def cli_type(name: str) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         try:
             return p.parse(text, label=p.cli_flag)
-        except InvalidOptionError as exc:
-            raise argparse.ArgumentTypeError(exc.message) from None
+        except InvalidOptionError:
+            # argparse names the flag itself ("argument --port: ..."), so the rest is the rule.
+            raise argparse.ArgumentTypeError(f"must be {p.allowed()}, got {text}") from None
 
     convert.__name__ = name  # argparse names the type in some messages
     return convert

@@ -100,7 +100,7 @@ def test_an_unopenable_history_is_one_stderr_line(kind: str) -> None:
         db.mkdir(parents=True)
         expected = f"cannot open the chat history {db}: it is a folder, not a database file"
     else:
-        db.parent.parent.mkdir(parents=True)
+        db.parent.parent.mkdir(parents=True, exist_ok=True)
         db.parent.write_text("not a folder")
         expected = f"cannot create the folder {db.parent} for the chat history: a file is in " \
                    "the way"

@@ -1,4 +1,4 @@
-"""config.py: TOML round trip, malformed files named with their line, engine mappings."""
+"""config.toml: TOML round trip, every bad value named with its file and line, engine mappings."""
 
 from __future__ import annotations
 
@@ -14,14 +14,19 @@ from localspec.config import (
     save_settings,
 )
 from localspec.errors import ConfigError
+from localspec.options import PARAMS, InvalidOptionError
 
 
 def test_defaults_when_missing_and_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     assert load_settings(path) == Settings()
-    s = Settings(draft_mode="fixed", k=6, temperature=0.7, threads=4, last_pair="tiny")
+    s = Settings(draft_mode="lookup", k=6, temperature=0.7, threads=4, last_pair="tiny",
+                 exact=True, repack="off")
     save_settings(s, path)
     assert load_settings(path) == s
+    auto = Settings(k=None)
+    save_settings(auto, path)
+    assert 'k = "auto"' in path.read_text() and load_settings(path) == auto
 
 
 def test_default_path_is_under_config_dir(isolated_home: Path) -> None:
@@ -37,20 +42,60 @@ def test_malformed_toml_names_file_and_line(tmp_path: Path) -> None:
         load_settings(path)
 
 
-@pytest.mark.parametrize("body, word", [("k = 99", "k"), ("tempo = 1", "tempo"),
-                                        ("k = 'four'", "k")])
-def test_bad_values_are_named(tmp_path: Path, body: str, word: str) -> None:
+@pytest.mark.parametrize("body, message", [
+    ("temperature = inf", r"temperature must be a finite number >= 0 and <= 2, got inf"),
+    ("temperature = nan", r"temperature must be a finite number .*got nan"),
+    ("max_tokens = 1e20", r"max_tokens must be a whole number >= 1 and <= 1048576, got 1e\+20"),
+    ("last_pair = {a = 1}", r"last_pair must be text, got \{.a.: 1\}"),
+    ('threads = "many"', r"threads must be a whole number >= 1 and <= 1024 .*got 'many'"),
+    ("threads = 1.5", r"threads must be a whole number"),
+    ("k = 99", r"k must be auto or a whole number >= 0 and <= 32, got 99"),
+    ("k = 'four'", r"k must be auto or a whole number"),
+    ("top_k = -1", r"top_k must be a whole number >= 0"),
+    ("ctx = 0", r"ctx must be a whole number >= 64"),
+    ("tempo = 1", r"unknown setting 'tempo'"),
+    ("draft_mode = 'fast'", r"draft_mode must be one of model, lookup, none, got 'fast'"),
+])
+def test_bad_values_name_file_line_parameter_and_range(tmp_path: Path, body: str,
+                                                       message: str) -> None:
     path = tmp_path / "config.toml"
-    path.write_text(f"[chat]\n{body}\n")
-    with pytest.raises(ConfigError, match=word):
+    path.write_text(f"# my settings\n[chat]\nmin_p = 0.1\n{body}\n")
+    with pytest.raises(ConfigError, match=message) as err:
+        load_settings(path)
+    assert f"{path}, line 4: " in err.value.message
+    assert "\n" not in err.value.message
+    assert isinstance(err.value, InvalidOptionError) and err.value.exit_code == 2
+
+
+def test_a_binary_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"\x00\xff\xfe binary \x89PNG")
+    with pytest.raises(ConfigError, match=rf"{path}: not a text file"):
         load_settings(path)
 
 
+def test_settings_of_older_versions_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[chat]\ndraft_mode = "fixed"\nk = 5\ngpu_layers_draft = 0\n')
+    s = load_settings(path)
+    assert (s.draft_mode, s.k, s.draft_gpu_layers) == ("model", 5, 0)
+    path.write_text('[chat]\ndraft_mode = "auto"\nk = 4\n')
+    assert (load_settings(path).draft_mode, load_settings(path).k) == ("model", None)
+    path.write_text('[chat]\ndraft_mode = "off"\n')
+    assert load_settings(path).draft_mode == "none"
+
+
 def test_engine_mappings() -> None:
-    assert draft_settings(Settings(draft_mode="auto"), True).mode == "model"
-    assert draft_settings(Settings(draft_mode="auto"), False).mode == "lookup"
-    fixed = draft_settings(Settings(draft_mode="fixed", k=5), True)
-    assert (fixed.mode, fixed.k) == ("model", 5)
-    assert draft_settings(Settings(draft_mode="off"), True).mode == "none"
-    t, d = model_settings(Settings(ctx=2048, gpu_layers_draft=0))
-    assert (t.n_ctx, t.n_gpu_layers, d.n_gpu_layers) == (2048, -1, 0)
+    assert draft_settings(Settings(), True).mode == "model"
+    assert draft_settings(Settings(), False).mode == "lookup"
+    fixed = draft_settings(Settings(k=5, exact=True), True)
+    assert (fixed.mode, fixed.k, fixed.exact) == ("model", 5, True)
+    assert draft_settings(Settings(draft_mode="none"), True).mode == "none"
+    t, d = model_settings(Settings(ctx=2048, draft_gpu_layers=0, repack="off"))
+    assert (t.n_ctx, t.n_gpu_layers, d.n_gpu_layers, t.repack) == (2048, -1, 0, "off")
+
+
+def test_every_setting_is_a_parameter_with_a_meaning() -> None:
+    for name in Settings.__dataclass_fields__:
+        assert PARAMS[name].meaning
+        assert PARAMS[name].check(PARAMS[name].default) == PARAMS[name].default

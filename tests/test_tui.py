@@ -283,12 +283,28 @@ async def test_settings_are_saved(make_app: Callable[..., LocalspecApp],
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f4")
         await pilot.pause()
-        app.screen.query_one("#temperature", Input).value = "0.8"
-        app.screen.query_one("#k", Input).value = "nope"
+        settings_screen = app.screen
+        settings_screen.query_one("#temperature", Input).value = "0.8"
+        settings_screen.query_one("#k", Input).value = "nope"
         await pilot.press("ctrl+s")
         await pilot.pause()
-        assert app.screen.__class__.__name__ == "SettingsScreen"  # bad K: still open
-        app.screen.query_one("#k", Input).value = "7"
+        # A bad value: a modal naming the parameter, the value and the range; the form stays.
+        assert app.screen.__class__.__name__ == "ErrorScreen"
+        assert app.screen.error_message == \
+            "K (auto or a number) must be auto or a whole number >= 0 and <= 32, got 'nope'"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is settings_screen
+        settings_screen.query_one("#k", Input).value = "auto"
+        settings_screen.query_one("#temperature", Input).value = "inf"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert "Temperature" in app.screen.error_message and "got inf" in \
+            app.screen.error_message
+        await pilot.press("enter")
+        await pilot.pause()
+        settings_screen.query_one("#temperature", Input).value = "0.8"
+        settings_screen.query_one("#k", Input).value = "7"
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.settings.temperature == 0.8 and app.settings.k == 7

@@ -1,7 +1,9 @@
 """The ``localspec`` command. Each subcommand lives in its own module with ``register(sub)``.
 
 Subcommand modules import heavy libraries (llama_cpp, textual) inside their ``run`` functions, so
-``localspec --help`` and argument errors stay instant.
+``localspec --help`` and argument errors stay instant. Options may come before or after a
+subcommand's positional arguments (``localspec run PAIR -n 8 "prompt"``), and every usage error
+is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -12,38 +14,77 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..errors import LocalspecError
 
 # Order is the order shown in --help.
 SUBCOMMANDS = ("run", "demo", "bench", "inspect", "pull", "list", "suggest", "pair", "serve",
                "doctor", "tui")
+# Commands whose native crashes (llama.cpp dying by a signal) are reported by a supervising
+# parent process; the chat app and the server supervise their engine process themselves.
+GUARDED = ("run", "bench", "demo")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (the usage text is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> tuple[Parser, list[str], dict[str, argparse.ArgumentParser]]:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="localspec",
         description="Speculative decoding for local LLMs: a small draft model proposes, the large "
-                    "target verifies, the output is exactly the target's. With no command, opens "
-                    "the chat app.",
+                    "target verifies, the output is the target's. With no command, opens the chat "
+                    "app.",
     )
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     parser.add_argument("--log-level", default=os.environ.get("LOCALSPEC_LOG", "WARNING"),
+                        type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="logging level for diagnostics on stderr (default WARNING)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     registered: list[str] = []
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{name}":
-                continue  # a front end not built yet in this checkout
-            raise
+        module = importlib.import_module(f".{name}", __name__)
         module.register(sub)
         registered.append(name)
-    return parser, registered
+    return parser, registered, dict(sub.choices)
+
+
+def _command_index(argv: Sequence[str], commands: Sequence[str]) -> int | None:
+    """Where the subcommand is in ``argv`` (after the global options), if there is one."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--log-level":
+            i += 2
+        elif arg.startswith("-"):
+            i += 1
+        else:
+            return i if arg in commands else None
+    return None
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser, registered, subparsers = build_parser()
+    at = _command_index(argv, registered)
+    if at is None:
+        return parser.parse_args(argv)
+    args = parser.parse_args(argv[:at])
+    sub = subparsers[argv[at]]
+    try:
+        # Options anywhere among the positionals, as users expect of every modern CLI.
+        rest = sub.parse_intermixed_args(argv[at + 1:])
+    except TypeError:  # a subcommand with its own subcommands (pair add|remove)
+        rest = sub.parse_args(argv[at + 1:])
+    for key, value in vars(rest).items():
+        setattr(args, key, value)
+    args.command = argv[at]
+    return args
 
 
 def _setup_logging(level: str) -> None:
@@ -54,20 +95,12 @@ def _setup_logging(level: str) -> None:
         logging.DEBUG if level.upper() == "DEBUG" else logging.ERROR)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser, registered = build_parser()
-    args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
-    if args.command is None:
-        if "tui" not in registered:
-            parser.print_help()
-            return 0
-        args = parser.parse_args([*(argv or []), "tui"])
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except LocalspecError as exc:
         print(f"localspec: error: {exc.message}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_code", 1))
     except ValueError as exc:  # parameter validation in the library
         print(f"localspec: error: {exc}", file=sys.stderr)
         return 2
@@ -79,3 +112,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The program (``argv`` None: the command line), or one command in this process
+    (``main(["run", ...])``, for embedding): only the program runs its models under the crash
+    guard, which needs a process of its own to survive llama.cpp's death."""
+    as_program = argv is None
+    # Not list(): importing the `list` subcommand rebinds that name in this package.
+    argv = [*(sys.argv[1:] if argv is None else argv)]
+    args = parse(argv)
+    _setup_logging(args.log_level)
+    if args.command is None:
+        args = parse([*argv, "tui"])
+    if as_program and args.command in GUARDED:
+        from .guard import run_guarded
+
+        return run_guarded(lambda: _dispatch(args))
+    return _dispatch(args)

@@ -5,32 +5,45 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
+from ..errors import LocalspecError
+from ..options import BENCH_MAX_TOKENS, MAX_K
 from .common import (
     add_draft_options,
     add_model_options,
     add_sampling_options,
     engine_spec,
     read_prompt_file,
+    settings_from,
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="speculative vs target alone: tokens/s, speedup, acceptance",
                        description="Runs the same prompts through the target alone and through "
-                                   "the engine in one process and prints them side by side.")
+                                   "the engine in one process and prints them side by side. "
+                                   "Reads no config.toml: a benchmark is its command line.")
     p.add_argument("pair", nargs="?", help="pair name (or use --target/--draft)")
     add_model_options(p)
     add_draft_options(p)
     add_sampling_options(p)
-    p.set_defaults(max_tokens=128)
-    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+    p.set_defaults(max_tokens=BENCH_MAX_TOKENS)
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT", type=_prompt,
                    help="a prompt of your own (repeatable); replaces the built-in set")
     p.add_argument("--prompt-file", action="append", default=[], metavar="FILE",
                    help="a file whose whole text is one prompt (repeatable)")
-    p.add_argument("--kind", action="append", default=[],
-                   help="only built-in prompts of this kind: code, prose, edit (repeatable)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per prompt; medians are shown")
+    p.add_argument("--kind", action="append", default=[], choices=("code", "prose", "edit"),
+                   help="only built-in prompts of this kind (repeatable)")
+    p.add_argument("--repeats", type=_positive, default=1,
+                   help="runs per prompt; medians are shown")
+    p.add_argument("--baseline", choices=("llama-cpp-python", "engine"),
+                   default="llama-cpp-python",
+                   help="the target alone: llama-cpp-python's own Llama.generate on the same "
+                        "file (default; what a library user runs), or this engine with "
+                        "drafting off")
+    p.add_argument("--sweep-k", type=_k_list, default=(), metavar="K,K,...",
+                   help="also run each fixed K beside auto, and compare auto with the best")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     r = p.add_argument_group("remote (any OpenAI-compatible server)")
@@ -42,11 +55,42 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _prompts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--prompt must not be empty")
+    return text
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--repeats must be a whole number >= 1, got {text!r}")
+    return n
+
+
+def _k_list(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        ks = ()
+    if not ks or not all(1 <= k <= MAX_K for k in ks):
+        raise argparse.ArgumentTypeError(
+            f"--sweep-k must be whole numbers in 1..{MAX_K} separated by commas, got {text!r}")
+    return ks
+
+
+def _prompts(args: argparse.Namespace) -> list[Any]:
     from ..benchmarking import BUILTIN_PROMPTS, BenchPrompt
 
     own = [BenchPrompt(f"prompt{i + 1}", "user", t) for i, t in enumerate(args.prompt)]
-    own += [BenchPrompt(f, "user", read_prompt_file(f)) for f in args.prompt_file]
+    for f in args.prompt_file:
+        text = read_prompt_file(f)
+        if not text.strip():
+            raise LocalspecError(f"prompt file {f} is empty")
+        own.append(BenchPrompt(f, "user", text))
     if own:
         return own
     if args.kind:
@@ -55,68 +99,80 @@ def _prompts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..benchmarking import BenchConfig, run_bench
-    from ..engine import DraftSettings
-    from ..errors import LocalspecError
     from ..loading import load_engine
+    from ..options import draft_settings, sampling_params
 
-    if args.repeats < 1:
-        raise LocalspecError("--repeats must be at least 1")
     prompts = _prompts(args)
     if not prompts:
         raise LocalspecError("no prompts selected")
+    settings = settings_from(args, read_config=False)
     if args.url:
-        return _run_remote(args, prompts)
-    spec = engine_spec(args, args.pair)
-    cfg = BenchConfig(
-        max_tokens=args.max_tokens, repeats=args.repeats, raw=args.raw,
-        sampling=_sampling(args),
-        draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
-                            k_max=args.k_max, rule=args.accept_rule),
-    )
+        return _run_remote(args, prompts, settings)
+    spec = engine_spec(args, args.pair, settings)
     err = Console(stderr=True)
-    with load_engine(spec) as engine, Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), console=err, transient=True,
-    ) as progress:
-        task = progress.add_task("bench", total=len(prompts) * args.repeats * 2)
-        result = run_bench(engine, prompts, cfg,
-                           on_step=lambda d: progress.update(task, advance=1, description=d))
+    with load_engine(spec) as engine:
+        cfg = BenchConfig(
+            max_tokens=settings.max_tokens, repeats=args.repeats, raw=args.raw,
+            sampling=sampling_params(settings, seed=args.seed),
+            draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
+                                 engine.draft is not None),
+            baseline=args.baseline, sweep=args.sweep_k)
+        llama = _baseline_llama(engine) if args.baseline == "llama-cpp-python" else None
+        n_runs = len(prompts) * args.repeats * (2 + len(cfg.sweep) + (llama is not None))
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(),
+                          TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                          console=err, transient=True) as progress:
+                task = progress.add_task("bench", total=n_runs)
+                result = run_bench(engine, prompts, cfg, llama=llama,
+                                   on_step=lambda d: progress.update(task, advance=1,
+                                                                     description=d))
+        finally:
+            if llama is not None:
+                llama.close()
     _remember_plain_rate(spec.display_name, result)
     _output(result, args)
     return 0
 
 
-def _remember_plain_rate(pair: str, result: dict) -> None:  # type: ignore[type-arg]
+def _baseline_llama(engine: Any) -> Any:
+    """llama-cpp-python's Llama on the same target file with the same settings."""
+    from ..engine.llama_backend import open_llama
+
+    return open_llama(engine.target.path, engine.target.settings)
+
+
+def _remember_plain_rate(pair: str, result: dict[str, Any]) -> None:
     """The chat app shows plain decoding's rate beside the live one once it has been measured."""
     from ..chat_store import ChatStore
+    from ..errors import ChatStoreError
 
     rates = [p["plain_decode_tokens_per_second"] for p in result["prompts"]]
     if not rates:
         return
-    store = ChatStore()
+    try:
+        store = ChatStore()
+    except ChatStoreError:
+        return  # a damaged chat history is the chat app's to repair; the bench result stands
     try:
         store.record_rate(pair, "plain", sum(rates) / len(rates))
     finally:
         store.close()
 
 
-def _sampling(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from ..engine import SamplingParams
-
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
-
-
-def _run_remote(args: argparse.Namespace, prompts) -> int:  # type: ignore[no-untyped-def]
+def _run_remote(args: argparse.Namespace, prompts: list[Any], settings: Any) -> int:
     from ..benchmarking import BenchConfig, run_remote_bench
+    from ..options import sampling_params
     from ..remote import RemoteEngine
 
-    cfg = BenchConfig(max_tokens=args.max_tokens, repeats=args.repeats, raw=args.raw,
-                      sampling=_sampling(args))
+    cfg = BenchConfig(max_tokens=settings.max_tokens, repeats=args.repeats, raw=args.raw,
+                      sampling=sampling_params(settings, seed=args.seed))
     with RemoteEngine(args.url, args.api_key, args.model) as remote:
         baseline = (RemoteEngine(args.baseline_url, args.api_key, args.model)
                     if args.baseline_url else None)
@@ -129,7 +185,7 @@ def _run_remote(args: argparse.Namespace, prompts) -> int:  # type: ignore[no-un
     return 0
 
 
-def _output(result: dict, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
+def _output(result: dict[str, Any], args: argparse.Namespace) -> None:
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -137,15 +193,26 @@ def _output(result: dict, args: argparse.Namespace) -> None:  # type: ignore[typ
         _print_table(result)
 
 
-def _print_table(result: dict) -> None:  # type: ignore[type-arg]
+def _print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    where = "remote" if result.get("remote") else f"{result['draft_mode']}, K={result['k']}"
-    t = Table(title=f"localspec bench ({where}, temperature {result['temperature']})")
-    for col in ("prompt", "kind", "tokens", "plain tok/s", "spec tok/s", "speedup",
-                "decode speedup", "acceptance", "mean K", "TTFT plain/spec ms", "identical"):
+    remote = result.get("remote")
+    where = "remote" if remote else f"{result['draft_mode']}, K={result['k']}"
+    base = "baseline" if remote else result["baseline"]
+    t = Table(title=f"localspec bench ({where}, temperature {result['temperature']}, "
+                    f"target alone = {base})")
+    sweep = result.get("sweep")
+    columns = ["prompt", "kind", "tokens", "alone tok/s", "spec tok/s", "speedup",
+               "decode speedup", "acceptance", "mean K", "TTFT alone/spec ms"]
+    if not remote:
+        columns.append("host ms/step")
+    if sweep:
+        columns.append("auto/best K")
+    columns.append("identical")
+    for col in columns:
         t.add_column(col, justify="left" if col in ("prompt", "kind") else "right")
+
     def ratio(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}x"
 
@@ -153,18 +220,36 @@ def _print_table(result: dict) -> None:  # type: ignore[type-arg]
         return "-" if x is None else ("yes" if x else "NO")
 
     for p in result["prompts"]:
-        t.add_row(p["name"], p["kind"], str(p["tokens"]), f"{p['plain_tokens_per_second']:.1f}",
-                  f"{p['spec_tokens_per_second']:.1f}", ratio(p["speedup"]),
-                  ratio(p["decode_speedup"]), f"{p['acceptance_rate']:.0%}",
-                  f"{p['mean_k']:.2f}",
-                  f"{p['plain_ttft_seconds'] * 1000:.0f}/{p['spec_ttft_seconds'] * 1000:.0f}",
-                  yes(p["identical"]))
+        row = [p["name"], p["kind"], str(p["tokens"]), f"{p['plain_tokens_per_second']:.1f}",
+               f"{p['spec_tokens_per_second']:.1f}", ratio(p["speedup"]),
+               ratio(p["decode_speedup"]), f"{p['acceptance_rate']:.0%}", f"{p['mean_k']:.2f}",
+               f"{p['plain_ttft_seconds'] * 1000:.0f}/{p['spec_ttft_seconds'] * 1000:.0f}"]
+        if not remote:
+            row.append(f"{p['spec_host_ms_per_step']:.2f}")
+        if sweep:
+            row.append(f"{ratio(p['sweep']['auto_vs_best'])} ({p['sweep']['best']})")
+        row.append(yes(p["identical"]))
+        t.add_row(*row)
     # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
-    Console(width=None if sys.stdout.isatty() else 150).print(t)
+    Console(width=None if sys.stdout.isatty() else 170).print(t)
+    for p in result["prompts"]:
+        diff = p.get("first_difference")
+        if diff:
+            kind = "a numerical near-tie" if diff["near_tie"] else "NOT a near-tie: a bug?"
+            print(f"{p['name']}: outputs part at token {diff['position']}, where the target's "
+                  f"top-2 margin is {diff['top2_margin']:.4f} (guard {diff['tie_margin']:.4f}): "
+                  f"{kind}")
     if result["speedup"] is None:
         print(f"overall: {result['spec_tokens_per_second']:.1f} tok/s "
               "(no --baseline-url, so no speedup)")
         return
+    same = {True: "yes", False: "NO", None: "n/a (sampling)"}[result["all_identical"]]
     print(f"overall: {result['plain_tokens_per_second']:.1f} -> "
           f"{result['spec_tokens_per_second']:.1f} tok/s, speedup {result['speedup']:.2f}x, "
-          f"identical output: {'yes' if result['all_identical'] else 'NO'}")
+          f"identical output: {same}")
+    if result.get("engine_plain_vs_baseline") is not None:
+        print(f"localspec's own plain decoding runs at {result['engine_plain_vs_baseline']:.2f}x "
+              f"{result['baseline']}'s tokens/s")
+    if sweep:
+        print(f"auto vs the best fixed K in hindsight: {sweep['auto_vs_best_overall']:.2f}x "
+              f"overall, {sweep['auto_vs_best_min']:.2f}x on its worst prompt")

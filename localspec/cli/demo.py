@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from ..options import DEMO_MAX_TOKENS
+
+DEMO_PROMPT = "the draft model proposes and the target model checks"
+DEMO_K = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from ..options import cli_type
+
     p = sub.add_parser("demo", help="run the engine on a tiny built-in pair (works offline)",
                        description="Builds (once, cached) a tiny real draft/target GGUF pair, "
-                                   "runs the speculative engine and the target alone on it and "
-                                   "prints the statistics; on a terminal it opens the pair in "
-                                   "the chat app. The tiny models' text is noise.")
-    p.add_argument("--max-tokens", "-n", type=int, default=200)
+                                   "runs the target alone, the adaptive engine and a fixed draft "
+                                   "length on it and prints the statistics; on a terminal it "
+                                   "opens the pair in the chat app. The tiny models' text is "
+                                   "noise.")
+    p.add_argument("--max-tokens", "-n", type=cli_type("max_tokens"), default=DEMO_MAX_TOKENS)
     p.add_argument("--json", action="store_true", help="statistics as JSON")
     p.add_argument("--tui", action="store_true", default=None,
                    help="open the demo pair in the chat app (the default on a terminal)")
     p.add_argument("--no-tui", dest="tui", action="store_false",
                    help="print the statistics even on a terminal")
     p.set_defaults(func=run)
-
-
-DEMO_PROMPT = "the draft model proposes and the target model checks"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,32 +40,42 @@ def run(args: argparse.Namespace) -> int:
 
     target, draft = build_demo_pair(demo_models_dir())
     settings = ModelSettings(n_ctx=2048)
+    modes = {"target alone": DraftSettings(mode="none"), "auto": DraftSettings(mode="model"),
+             f"fixed K={DEMO_K}": DraftSettings(mode="model", k=DEMO_K)}
     with SpeculativeEngine.load(target, draft, settings, settings) as engine:
         prompt = engine.tokenize(DEMO_PROMPT, chat=False)
+        for mode in modes.values():  # warm-up: llama.cpp builds its graphs, auto calibrates
+            engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=8, draft=mode))
         results = {}
-        for mode in ("none", "model"):  # warm-up: llama.cpp builds its graphs on first use
-            engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=8,
-                                              draft=DraftSettings(mode=mode)))  # type: ignore[arg-type]
-        for label, mode in (("target alone", "none"), ("speculative", "model")):
+        for label, mode in modes.items():
             engine.target.reset()
-            req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens,
-                                    draft=DraftSettings(mode=mode))  # type: ignore[arg-type]
+            req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens, draft=mode)
             results[label] = engine.generate(req)
-    plain, spec = results["target alone"], results["speculative"]
-    identical = plain.tokens == spec.tokens
-    speedup = (spec.stats.tokens_per_second / plain.stats.tokens_per_second
-               if plain.stats.tokens_per_second else 0.0)
+        costs = _costs_line(engine)
+    plain = results["target alone"]
+    identical = all(r.tokens == plain.tokens for r in results.values())
+
+    def speedup(label: str) -> float:
+        tps = plain.stats.tokens_per_second
+        return results[label].stats.tokens_per_second / tps if tps else 0.0
+
     if args.json:
-        json.dump({"identical": identical, "speedup": round(speedup, 3),
-                   "plain": plain.stats.to_json(), "speculative": spec.stats.to_json()},
+        json.dump({"identical": identical, "speedup": round(speedup("auto"), 3),
+                   "fixed_k": DEMO_K, "fixed_k_speedup": round(speedup(f"fixed K={DEMO_K}"), 3),
+                   "why": results["auto"].stats.policy, "costs": costs,
+                   "plain": plain.stats.to_json(), "speculative": results["auto"].stats.to_json(),
+                   "fixed": results[f"fixed K={DEMO_K}"].stats.to_json()},
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(f"localspec demo: a tiny random-weight pair built in {target.parent}")
     print("(the demo models are random numbers: their text is noise; the numbers are real)")
-    print(f"target alone: {plain.stats.summary()}")
-    print(f"speculative:  {spec.stats.summary()}")
-    print(f"identical output: {'yes' if identical else 'NO'}; speedup {speedup:.2f}x")
+    for label, res in results.items():
+        extra = "" if label == "target alone" else f"  [{speedup(label):.2f}x]"
+        print(f"{label + ':':<14}{res.stats.summary()}{extra}")
+    print(f"identical output in all three: {'yes' if identical else 'NO'}")
+    print(f"measured here: {costs}")
+    print(f"why auto did what it did: {results['auto'].stats.policy}")
     print("Next: `localspec pull PAIR` for real models, `localspec list` to see pairs.")
     if args.tui if args.tui is not None else sys.stdout.isatty():
         from ..tui import open_tui
@@ -69,3 +85,16 @@ def run(args: argparse.Namespace) -> int:
                                        target_settings=settings, draft_settings=settings,
                                        pair_name="demo")))
     return 0
+
+
+def _costs_line(engine: Any) -> str:
+    """What a (K+1)-token verification costs against a one-token step on this machine."""
+    cal = engine.calibration
+    if cal is None:
+        return "costs not measured"
+    t1 = cal.target_points[1]
+    k = DEMO_K + 1
+    tk = engine.verify_seconds(k)
+    return (f"a one-token target step takes {t1 * 1000:.2f} ms, verifying {k} tokens "
+            f"{tk * 1000:.2f} ms ({tk / t1:.2f} steps), a draft token "
+            f"{cal.draft_token * 1000:.2f} ms")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import threading
+from typing import Any
 
 from ..errors import LocalspecError
 from .common import (
@@ -13,6 +14,7 @@ from .common import (
     add_model_options,
     add_sampling_options,
     engine_spec,
+    settings_from,
     stdin_text,
 )
 
@@ -22,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Generate with a draft/target pair. The prompt is sent as a "
                                    "chat message through the target's chat template (--raw for "
                                    "plain completion); it may also come on stdin. With a pair "
-                                   "and no prompt on a terminal, opens the chat app.")
+                                   "and no prompt on a terminal, opens the chat app. Settings "
+                                   "not given as options come from config.toml.")
     p.add_argument("words", nargs="*", metavar="[PAIR|MODEL] PROMPT",
                    help="a pair name, or one model (then drafted by prompt lookup), unless "
                         "--target is given; then the prompt")
@@ -32,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--system", help="system prompt (chat mode)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--verbose", "-v", action="store_true", help="statistics to stderr")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="statistics and the engine's decisions to stderr")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, finish reason, statistics) at the end")
     p.set_defaults(func=run)
@@ -46,18 +50,24 @@ def _split_words(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     pair, prompt = _split_words(args)
-    spec = engine_spec(args, pair)
+    settings = settings_from(args, read_config=True)
+    spec = engine_spec(args, pair, settings)
     if prompt is None:
         prompt = stdin_text()
     if prompt is None:
         return _open_tui(spec)
     if not prompt.strip():
         raise LocalspecError("the prompt is empty")
-    from ..engine import DraftSettings, GenerationRequest, SamplingParams
+    from ..engine import GenerationRequest
     from ..loading import load_engine
+    from ..options import draft_settings, sampling_params
 
     with load_engine(spec) as engine:
+        if args.verbose:
+            _describe_load(engine)
         if args.raw:
             tokens = engine.tokenize(prompt, chat=False)
         else:
@@ -65,19 +75,21 @@ def run(args: argparse.Namespace) -> int:
             messages.append({"role": "user", "content": prompt})
             tokens = engine.tokenize(engine.chat_prompt(messages), chat=True)
         req = GenerationRequest(
-            prompt_tokens=tokens,
-            max_tokens=args.max_tokens,
-            sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                    top_p=args.top_p, min_p=args.min_p,
-                                    repeat_penalty=args.repeat_penalty, seed=args.seed),
-            stop=tuple(args.stop),
-            draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
-                                k_max=args.k_max, rule=args.accept_rule),
-        )
+            prompt_tokens=tokens, max_tokens=settings.max_tokens,
+            sampling=sampling_params(settings, seed=args.seed), stop=tuple(args.stop),
+            draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
+                                 engine.draft is not None))
         return _stream(engine, req, args)
 
 
-def _stream(engine, req, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+def _describe_load(engine: Any) -> None:
+    """--verbose: how llama.cpp was set up for each model (once per run)."""
+    for role, runner in (("target", engine.target), ("draft", engine.draft)):
+        if runner is not None:
+            print(f"{role} {runner.path.name}: {runner.repack.describe()}", file=sys.stderr)
+
+
+def _stream(engine: Any, req: Any, args: argparse.Namespace) -> int:
     from ..engine import Finished
 
     cancel = threading.Event()
@@ -93,6 +105,8 @@ def _stream(engine, req, args: argparse.Namespace) -> int:  # type: ignore[no-un
                     out.write("\n")
                 out.flush()
                 if args.verbose:
+                    if event.stats.policy:
+                        print(f"policy: {event.stats.policy}", file=sys.stderr)
                     print(event.stats.summary(), file=sys.stderr)
             elif not args.json:
                 out.write(event.text)
@@ -103,7 +117,7 @@ def _stream(engine, req, args: argparse.Namespace) -> int:  # type: ignore[no-un
     return 0
 
 
-def _open_tui(spec) -> int:  # type: ignore[no-untyped-def]
+def _open_tui(spec: Any) -> int:
     try:
         from ..tui import open_tui
     except ImportError:

@@ -10,7 +10,8 @@ import socket
 import sys
 
 from ..errors import LocalspecError
-from .common import add_draft_options, add_model_options, engine_spec
+from ..options import PARAMS, cli_type
+from .common import add_draft_options, add_model_options, engine_spec, settings_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,39 +25,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("server")
     g.add_argument("--host", type=_host, default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
-    g.add_argument("--port", type=_port, default=8080,
-                   help="port (default 8080; 0 picks a free one)")
+    g.add_argument("--port", type=cli_type("port"), default=PARAMS["port"].default,
+                   help=f"{PARAMS['port'].meaning} (default {PARAMS['port'].default})")
     g.add_argument("--api-key", default=os.environ.get("LOCALSPEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $LOCALSPEC_API_KEY)")
     g.add_argument("--model-name", default=None,
                    help="the model id clients see (default: the pair name or the target's)")
-    g.add_argument("--queue-size", type=int, default=16,
+    g.add_argument("--queue-size", type=_count("--queue-size", 0), default=16,
                    help="requests that may wait for the engine; more get 429 (default 16)")
-    g.add_argument("--max-tokens-limit", type=int, default=4096,
+    g.add_argument("--max-tokens-limit", type=_count("--max-tokens-limit", 1), default=4096,
                    help="largest max_tokens a request may ask for (default 4096)")
-    g.add_argument("--max-body-bytes", type=int, default=1 << 20,
+    g.add_argument("--max-body-bytes", type=_count("--max-body-bytes", 1024), default=1 << 20,
                    help="largest request body in bytes (default 1 MiB)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # Deferred: the engine (llama_cpp) and the HTTP stack load only when serving.
-    from ..engine import DraftSettings
+    from dataclasses import replace
+
     from ..loading import load_engine
     from ..models.names import display_name
+    from ..options import draft_settings
     from ..server import ServerConfig
     from ..server.app import create_app
     from ..server.running import base_url, bound_port, serve
 
-    spec = engine_spec(args, args.pair)
+    settings = settings_from(args, read_config=True)
+    spec = engine_spec(args, args.pair, settings)
     model_id = args.model_name or spec.pair_name or display_name(spec.target)
     config = ServerConfig(
         model_id=model_id,
         aliases=tuple(n for n in (spec.pair_name, display_name(spec.target)) if n),
         api_key=args.api_key or None, queue_size=args.queue_size,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-        draft=DraftSettings(mode=spec.draft_mode, k=args.draft_k,  # type: ignore[arg-type]
-                            k_max=args.k_max, rule=args.accept_rule))
+        draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
+                             spec.draft_mode == "model" and spec.draft is not None),
+        default_max_tokens=settings.max_tokens)
     config.validate()
     # Before loading: a taken port is reported in a moment, not after the models have loaded,
     # and the port stays ours while they load (the same sockets are served).
@@ -84,16 +89,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    """``--port``, checked when the arguments are parsed (exit 2, before anything loads)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer in 0..65535 (0 picks a free port), got {text}")
-    return port
+def _count(flag: str, low: int):  # type: ignore[no-untyped-def]
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number >= {low}, "
+                                             f"got {text!r}")
+        return value
+
+    return convert
 
 
 def _host(text: str) -> str:

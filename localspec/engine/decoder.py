@@ -194,6 +194,10 @@ class SpeculativeEngine:
         batched logits: twice the measured batched-vs-single drift."""
         return 2.0 * self.calibration.drift if self.calibration is not None else 0.0
 
+    def verify_seconds(self, n: int) -> float:
+        """The current estimate of one target pass over ``n`` tokens (measured, then refined)."""
+        return self._costs.verify(n)
+
     @property
     def drift_ok_for_exact(self) -> bool:
         return self.calibration is None or self.calibration.drift <= EXACT_DRIFT_LIMIT

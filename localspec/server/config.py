@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..engine.decoder import DraftSettings
 from ..engine.sampling import SamplingParams
+from ..options import DEFAULT_MAX_TOKENS
 
 # OpenAI's defaults for the OpenAI fields (temperature 1, top_p 1), llama.cpp's for the fields
 # OpenAI does not have (top_k 40, min_p 0.05), so an unchanged OpenAI client samples as it expects.
@@ -25,6 +26,8 @@ class ServerConfig:
     api_key: str | None = None
     queue_size: int = 16
     max_tokens_limit: int = 4096
+    # max_tokens of a request that names none (capped by the context and the limit above).
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
     max_body_bytes: int = 1 << 20
     max_stop_strings: int = 16
     draft: DraftSettings = DraftSettings()

@@ -27,6 +27,8 @@ _COMMON = {
     "frequency_penalty", "presence_penalty", "n", "logprobs", "logit_bias", "user",
     # llama.cpp-style extensions (llama-server and vLLM accept the same names)
     "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
+    # localspec's own: auto drafting only where batched logits do not drift (see --exact)
+    "exact",
     # accepted and ignored: they do not change the generated text
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
@@ -87,6 +89,7 @@ class ParsedRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    exact: bool | None = None  # None: the server's setting
 
 
 # -- request validation ------------------------------------------------------------------------
@@ -113,7 +116,8 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          prompt_tokens=prompt_tokens, max_tokens=_max_tokens(body, config),
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
-                         include_usage=include_usage)
+                         include_usage=include_usage,
+                         exact=_bool(body, "exact", None) if "exact" in body else None)
 
 
 def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
@@ -258,38 +262,35 @@ def _max_tokens(body: dict[str, Any], config: ServerConfig) -> int | None:
 
 
 def _sampling(body: dict[str, Any], base: SamplingParams) -> SamplingParams:
+    """Sampling fields, each checked against localspec's one definition of its range
+    (``options.PARAMS``: the CLI and config.toml accept exactly the same values)."""
     changes: dict[str, Any] = {}
-    for key, lo, hi, lo_open in (("temperature", 0.0, 2.0, False), ("top_p", 0.0, 1.0, True),
-                                 ("frequency_penalty", -2.0, 2.0, False),
-                                 ("presence_penalty", -2.0, 2.0, False),
-                                 ("min_p", 0.0, 1.0, False)):
-        value = _number(body, key, lo, hi, lo_open)
-        if value is not None:
-            changes[key] = value
-    if changes.get("min_p") == 1.0:
-        raise bad_param("min_p", "'min_p' must be < 1")
+    for key in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                "top_k", "repeat_last_n", "seed"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if key == "top_k" and value == -1:
+            value = 0  # -1 is vLLM's and llama.cpp's "disabled" for top_k; ours is 0
+        changes[key] = _checked(key, value)
     for key in ("repeat_penalty", "repetition_penalty"):  # llama.cpp's and vLLM's names
-        value = _number(body, key, 0.0, None, lo_open=True)
+        value = body.get(key)
         if value is not None:
+            value = _checked("repeat_penalty", value, label=key)
             if "repeat_penalty" in changes and changes["repeat_penalty"] != value:
                 raise bad_param(key, "'repeat_penalty' and 'repetition_penalty' disagree")
             changes["repeat_penalty"] = value
-    for key in ("top_k", "repeat_last_n"):
-        value = _integer(body, key)
-        if value is not None:
-            # -1 is vLLM's and llama.cpp's "disabled" for top_k; ours is 0.
-            changes[key] = 0 if key == "top_k" and value == -1 else value
-            if changes[key] < 0:
-                raise bad_param(key, f"'{key}' must be >= 0 (or -1 for top_k)")
-    seed = _integer(body, "seed")
-    if seed is not None:
-        changes["seed"] = seed & 0xFFFF_FFFF_FFFF_FFFF  # numpy seeds must be non-negative
-    params = replace(base, **changes)
+    return replace(base, **changes)
+
+
+def _checked(name: str, value: Any, label: str | None = None) -> Any:
+    from ..options import PARAMS, InvalidOptionError
+
+    label = label or name
     try:
-        params.validate()
-    except ValueError as exc:  # the engine's own range checks name the setting first
-        raise bad_param(str(exc).split()[0], str(exc)) from exc
-    return params
+        return PARAMS[name].check(value, label=f"'{label}'")
+    except InvalidOptionError as exc:
+        raise bad_param(label, exc.message) from None
 
 
 def _stop(value: Any, limit: int) -> tuple[str, ...]:
@@ -417,6 +418,8 @@ def generation_request(parsed: ParsedRequest, tokens: tuple[int, ...], n_ctx: in
                             f"{n + parsed.max_tokens} were requested ({n} in the prompt, "
                             f"{parsed.max_tokens} for the completion); lower max_tokens",
                        param="max_tokens", code="context_length_exceeded")
-    max_tokens = parsed.max_tokens or min(config.max_tokens_limit, n_ctx - n)
+    max_tokens = parsed.max_tokens or min(config.default_max_tokens, config.max_tokens_limit,
+                                          n_ctx - n)
+    draft = config.draft if parsed.exact is None else replace(config.draft, exact=parsed.exact)
     return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens,
-                             sampling=parsed.sampling, stop=parsed.stop, draft=config.draft)
+                             sampling=parsed.sampling, stop=parsed.stop, draft=draft)

@@ -175,8 +175,11 @@ class LocalspecApp(App[int]):
     # -- loading ------------------------------------------------------------------------------
     def spec_for_pair(self, pair: PairStatus) -> EngineSpec:
         target, draft = model_settings(self.settings)
+        # The settings' lookup or none overrides the pair's choice; model follows the pair.
+        mode = pair.draft_mode if self.settings.draft_mode == "model" else \
+            self.settings.draft_mode
         return EngineSpec(target=pair.target, draft=pair.draft, target_settings=target,
-                          draft_settings=draft, pair_name=pair.name, draft_mode=pair.draft_mode)
+                          draft_settings=draft, pair_name=pair.name, draft_mode=mode)
 
     def load(self, spec: EngineSpec) -> None:
         """Load a pair in a worker; the chat keeps working with the old one until it is ready."""

@@ -278,7 +278,7 @@ class ChatScreen(Screen[None]):
             answer.message_id = stored.id  # type: ignore[attr-defined]
         timed = st.draft_seconds + st.verify_seconds
         plain = self._last_reading.plain_tokens_per_second
-        if st.drafted == 0 and st.lookup_rounds == 0 and self.lsapp.settings.draft_mode == "off":
+        if st.drafted == 0 and st.lookup_rounds == 0 and self.lsapp.settings.draft_mode == "none":
             # An answer without drafting is a measurement of plain decoding on this pair.
             plain = st.decode_tokens_per_second or st.tokens_per_second
             if self.lsapp.pair_name:

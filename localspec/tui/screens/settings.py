@@ -1,8 +1,14 @@
-"""Settings: draft mode, sampling, GPU layers, context, threads, system prompt."""
+"""Settings: drafting, sampling, GPU layers, context, threads, system prompt.
+
+Every field is a parameter of ``options.PARAMS``: the same ranges and meanings as the CLI's flags
+and config.toml. A value out of range is shown in a modal naming the parameter, the value and the
+allowed range; the screen stays open with what was typed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -11,24 +17,35 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
-from ...config import DRAFT_CHOICES, Settings
-from ...errors import ConfigError
+from ...options import PARAMS, InvalidOptionError, Settings
+from .dialogs import ErrorScreen
 
-# (field, label, input type) in display order; draft_mode is a Select.
-FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("k", "K (fixed mode)", "integer"),
-    ("temperature", "Temperature (0 = greedy)", "number"),
-    ("top_k", "Top-k", "integer"),
-    ("top_p", "Top-p", "number"),
-    ("min_p", "Min-p", "number"),
-    ("repeat_penalty", "Repeat penalty", "number"),
-    ("max_tokens", "Max tokens per answer", "integer"),
-    ("gpu_layers_target", "GPU layers, target (-1 all)", "integer"),
-    ("gpu_layers_draft", "GPU layers, draft (-1 all)", "integer"),
-    ("ctx", "Context size", "integer"),
-    ("threads", "Threads (empty: cores)", "text"),
-    ("system_prompt", "System prompt", "text"),
+# (field, label) in display order. Choices and booleans are Selects, the rest are Inputs.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("draft_mode", "Draft mode"),
+    ("k", "K (auto or a number)"),
+    ("k_max", "Longest auto draft"),
+    ("accept_rule", "Acceptance rule (sampling)"),
+    ("exact", "Exact (no drift-prone drafting)"),
+    ("temperature", "Temperature (0 = greedy)"),
+    ("top_k", "Top-k"),
+    ("top_p", "Top-p"),
+    ("min_p", "Min-p"),
+    ("repeat_penalty", "Repeat penalty"),
+    ("max_tokens", "Max tokens per answer"),
+    ("gpu_layers", "GPU layers, target (-1 all)"),
+    ("draft_gpu_layers", "GPU layers, draft (-1 all)"),
+    ("ctx", "Context size"),
+    ("threads", "Threads (empty: cores)"),
+    ("repack", "Repacked CPU kernels"),
+    ("system_prompt", "System prompt"),
 )
+
+
+def _shown(name: str, value: Any) -> str:
+    if value is None:
+        return "auto" if PARAMS[name].kind == "k" else ""
+    return str(value)
 
 
 class SettingsScreen(ModalScreen[Settings | None]):
@@ -44,45 +61,42 @@ class SettingsScreen(ModalScreen[Settings | None]):
         with Vertical(classes="dialog", id="settings-dialog"):
             yield Label("Settings (model fields apply on the next load)", classes="dialog-title")
             with VerticalScroll(id="settings-form"):
-                with Horizontal(classes="field"):
-                    yield Label("Draft mode")
-                    yield Select([(c, c) for c in DRAFT_CHOICES], value=self.settings.draft_mode,
-                                 allow_blank=False, id="draft_mode")
-                for name, label, kind in FIELDS:
+                for name, label in FIELDS:
+                    p = PARAMS[name]
                     value = getattr(self.settings, name)
                     with Horizontal(classes="field"):
-                        yield Label(label)
-                        yield Input("" if value is None else str(value), type=kind, id=name)
+                        yield Label(label, classes="field-label")
+                        if p.kind == "choice":
+                            yield Select([(c, c) for c in p.choices], value=value,
+                                         allow_blank=False, id=name, tooltip=p.meaning)
+                        elif p.kind == "bool":
+                            yield Select([("no", False), ("yes", True)], value=value,
+                                         allow_blank=False, id=name, tooltip=p.meaning)
+                        else:
+                            yield Input(_shown(name, value), id=name, tooltip=p.meaning)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
 
     def read_form(self) -> Settings:
-        """The settings as typed; ConfigError names the first bad field."""
-        values: dict[str, object] = {"draft_mode": self.query_one("#draft_mode", Select).value}
-        for name, label, kind in FIELDS:
-            raw = self.query_one(f"#{name}", Input).value.strip()
-            try:
-                if name == "threads":
-                    values[name] = int(raw) if raw else None
-                elif kind == "integer":
-                    values[name] = int(raw)
-                elif kind == "number":
-                    values[name] = float(raw)
-                else:
-                    values[name] = raw
-            except ValueError:
-                raise ConfigError(f"{label}: {raw!r} is not a number") from None
-        new = dataclasses.replace(self.settings, **values)  # type: ignore[arg-type]
-        new.validate()
-        return new
+        """The settings as typed; InvalidOptionError names the first bad field."""
+        values: dict[str, Any] = {}
+        for name, label in FIELDS:
+            p = PARAMS[name]
+            if p.kind in ("choice", "bool"):
+                values[name] = self.query_one(f"#{name}", Select).value
+            elif p.kind == "str":
+                values[name] = self.query_one(f"#{name}", Input).value
+            else:
+                values[name] = p.parse(self.query_one(f"#{name}", Input).value, label=label)
+        return dataclasses.replace(self.settings, **values).validate()
 
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:
         try:
             new = self.read_form()
-        except ConfigError as exc:
-            self.notify(exc.message, title=exc.title, severity="error")
+        except InvalidOptionError as exc:
+            self.app.push_screen(ErrorScreen(exc.title, exc.message))
             return
         self.dismiss(new)
 
