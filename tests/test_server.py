@@ -671,7 +671,10 @@ def test_serve_unresolvable_host_is_a_usage_error(no_loading: None,
     assert line.startswith("localspec: error: --host no-such-host.invalid does not resolve")
 
 
-def test_serve_announces_the_port_it_listens_on(target_gguf: Path, draft_gguf: Path) -> None:
+def test_serve_announces_the_port_it_listens_on(pair: tuple[Path, Path]) -> None:
+    """A real `localspec serve` process on every precision (F32, Q8_0, Q4_K_M): it announces
+    its port once it answers, serves a chat through the official client, and stops cleanly."""
+    target_gguf, draft_gguf = pair
     proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target",
                              str(target_gguf), "--draft", str(draft_gguf), "--ctx", "256",
                              "--port", "0"], stderr=subprocess.PIPE, text=True)
@@ -688,8 +691,14 @@ def test_serve_announces_the_port_it_listens_on(target_gguf: Path, draft_gguf: P
         # Announced only once it answers.
         health = httpx.get(found[1] + "/health", timeout=5)
         assert health.json()["status"] == "ok"
+        client = openai.OpenAI(base_url=found[1] + "/v1", api_key="x", max_retries=0)
+        reply = client.completions.create(model=client.models.list().data[0].id,
+                                          prompt="the model", max_tokens=12, temperature=0)
+        assert reply.usage.completion_tokens == 12
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 130
+        code = proc.wait(30)
+        assert code >= 0, f"serve was killed by signal {-code}"
+        assert code == 130
         assert "Traceback" not in proc.stderr.read()
     finally:
         proc.kill()

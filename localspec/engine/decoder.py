@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 # Q8_0 ~0.3, Q4_K_M ~0.7 here; F16 ~0.02), the KV cache that batched verification writes can
 # steer later near-ties away from plain decoding. ``exact`` requests then decode plainly.
 EXACT_DRIFT_LIMIT = 0.125
+# The least near-tie margin on a quantized target (see ``tie_margin``): a tiny Q4_K model here
+# drifts 0 logits in the first 32 positions and up to 0.08 after them.
+QUANTIZED_TIE_FLOOR = 0.2
 
 
 DraftMode = Literal["model", "lookup", "none"]
@@ -137,6 +140,7 @@ class SpeculativeEngine:
         self.k_max = k_max
         self._drafter = ModelDrafter(draft) if draft is not None else None
         self._cache_calibration = cache_calibration
+        self._quantized = _is_quantized(target)
         self.calibration: Calibration | None = None
         self._costs = CostModel.from_calibration(1.0, 1.0 * (k_max + 1), k_max + 1, k_max, 0.1)
         if calibration is None and cache_calibration:
@@ -191,8 +195,13 @@ class SpeculativeEngine:
     @property
     def tie_margin(self) -> float:
         """Greedy/coupled verification never decides a choice closer than this (logits) from
-        batched logits: twice the measured batched-vs-single drift."""
-        return 2.0 * self.calibration.drift if self.calibration is not None else 0.0
+        batched logits: twice the measured batched-vs-single drift, and for quantized weights
+        at least QUANTIZED_TIE_FLOOR (their kernels can also differ at positions and batch
+        shapes the calibration did not reach)."""
+        if self.calibration is None:
+            return 0.0
+        floor = QUANTIZED_TIE_FLOOR if self._quantized else 0.0
+        return max(2.0 * self.calibration.drift, floor)
 
     def verify_seconds(self, n: int) -> float:
         """The current estimate of one target pass over ``n`` tokens (measured, then refined)."""
@@ -226,7 +235,7 @@ class SpeculativeEngine:
         if self.calibration is not None:
             return
         t0 = time.perf_counter()
-        with activity.doing("calibrating", self.target.path):
+        with activity.doing("measuring costs", self.target.path):
             cal = calibration.measure(self.target, self.draft, self.k_max, run.seq[-1])
         self.use_calibration(cal)
         if self._cache_calibration:
@@ -309,7 +318,7 @@ class SpeculativeEngine:
         decode_before = self._decode_seconds()
 
         t0 = time.perf_counter()
-        activity.report("prefill", self.target.path)
+        activity.report("processing the prompt", self.target.path)
         logits = self.target.sync(run.seq, 1)
         run.stats.prefill_seconds = time.perf_counter() - t0
         run.stats.target_passes += 1
@@ -505,3 +514,12 @@ class SpeculativeEngine:
             if len(run.out) >= run.max_new:
                 run.reason = "length"
                 return
+
+
+def _is_quantized(runner: LlamaRunner) -> bool:
+    from .gguf_meta import has_quantized_weights
+
+    try:
+        return has_quantized_weights(runner.path)
+    except LocalspecError:  # validated at load; an unreadable file now is not worth failing
+        return True

@@ -104,5 +104,7 @@ class GenerationStats:
             f"{self.accepted} ({self.acceptance_rate:.0%}), mean accepted length "
             f"{self.mean_accepted_length:.2f}, mean K {self.mean_k:.2f}, "
             f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s / "
-            f"sampling {self.sample_seconds:.2f}s"
+            f"sampling {self.sample_seconds:.2f}s, host {self.host_ms_per_step:.2f} ms/step"
+            + (f"; this machine's costs measured in {self.calibration_seconds:.2f}s (once, "
+               "then cached)" if self.calibration_seconds else "")
         )
