@@ -221,6 +221,7 @@ class Settings:
     top_p: float = PARAMS["top_p"].default
     min_p: float = PARAMS["min_p"].default
     repeat_penalty: float = PARAMS["repeat_penalty"].default
+    seed: int | None = PARAMS["seed"].default
     max_tokens: int = PARAMS["max_tokens"].default
     system_prompt: str = PARAMS["system_prompt"].default
     last_pair: str | None = PARAMS["last_pair"].default
@@ -249,11 +250,11 @@ def model_settings(s: Settings) -> tuple[ModelSettings, ModelSettings]:
     return one(s.gpu_layers), one(s.draft_gpu_layers)
 
 
-def sampling_params(s: Settings, seed: int | None = None) -> SamplingParams:
+def sampling_params(s: Settings) -> SamplingParams:
     from .engine.sampling import SamplingParams
 
     return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                          min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=seed)
+                          min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed)
 
 
 def draft_settings(s: Settings, has_draft_model: bool) -> DraftSettings:

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from localspec.cli import main
 
-
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True,
-                          text=True, input=stdin, timeout=120)
+from .conftest import run_cli
 
 
 def test_run_streams_text_and_stats(target_gguf: Path, draft_gguf: Path) -> None:
-    proc = _cli("run", "--target", str(target_gguf), "--draft", str(draft_gguf), "-n", "30",
+    proc = run_cli("run", "--target", str(target_gguf), "--draft", str(draft_gguf), "-n", "30",
                 "--verbose", "--ctx", "512", "hello model")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
@@ -40,7 +35,7 @@ def test_run_json_matches_plain_decoding(target_gguf: Path, draft_gguf: Path,
 
 
 def test_run_prompt_from_stdin(target_gguf: Path) -> None:
-    proc = _cli("run", "--target", str(target_gguf), "--draft-mode", "lookup", "-n", "5",
+    proc = run_cli("run", "--target", str(target_gguf), "--draft-mode", "lookup", "-n", "5",
                 "--ctx", "256", "--json", stdin="a prompt on stdin")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stats"]["prompt_tokens"] > 3
@@ -117,7 +112,7 @@ def test_bad_input_is_one_line_without_traceback(case: str, tmp_path: Path, targ
     elif case == "ctx":
         args[5] = "the model " * 300
         args += ["--ctx", "256"]
-    proc = _cli(*args)
+    proc = run_cli(*args)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     with load_engine(spec) as engine:
         cfg = BenchConfig(
             max_tokens=settings.max_tokens, repeats=args.repeats, raw=args.raw,
-            sampling=sampling_params(settings, seed=args.seed),
+            sampling=sampling_params(settings),
             draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
                                  engine.draft is not None),
             baseline=args.baseline, sweep=args.sweep_k)
@@ -172,7 +172,7 @@ def _run_remote(args: argparse.Namespace, prompts: list[Any], settings: Any) -> 
     from ..remote import RemoteEngine
 
     cfg = BenchConfig(max_tokens=settings.max_tokens, repeats=args.repeats, raw=args.raw,
-                      sampling=sampling_params(settings, seed=args.seed))
+                      sampling=sampling_params(settings))
     with RemoteEngine(args.url, args.api_key, args.model) as remote:
         baseline = (RemoteEngine(args.baseline_url, args.api_key, args.model)
                     if args.baseline_url else None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..options import DRAFT_MODES
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("pair", help="add or remove your own target/draft pairs",
@@ -14,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add.add_argument("name", metavar="NAME")
     add.add_argument("--target", required=True, metavar="MODEL", help="Ollama name or .gguf path")
     add.add_argument("--draft", required=True, metavar="MODEL", help="Ollama name or .gguf path")
-    add.add_argument("--draft-mode", choices=("model", "lookup", "none"), default="model")
+    add.add_argument("--draft-mode", choices=DRAFT_MODES, default="model")
     add.add_argument("--why", default="", help="a note shown in `localspec list`")
     add.set_defaults(func=run_add)
     remove = actions.add_parser("remove", help="delete one of your pairs")

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             tokens = engine.tokenize(engine.chat_prompt(messages), chat=True)
         req = GenerationRequest(
             prompt_tokens=tokens, max_tokens=settings.max_tokens,
-            sampling=sampling_params(settings, seed=args.seed), stop=tuple(args.stop),
+            sampling=sampling_params(settings), stop=tuple(args.stop),
             draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
                                  engine.draft is not None))
         return _stream(engine, req, args)

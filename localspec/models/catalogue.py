@@ -27,12 +27,12 @@ from .. import paths
 from ..engine.gguf_meta import pair_report, read_gguf_info, validate_pair
 from ..errors import ConfigError, DamagedModelError, GGUFError, LocalspecError, ModelNotFoundError
 from ..files import atomic_write
+from ..options import DRAFT_MODES
 from . import ollama_store
 from .names import display_name, resolve_model
 
 log = logging.getLogger(__name__)
 
-DRAFT_MODES = ("model", "lookup", "none")
 _PAIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 Source = Literal["shipped", "user"]
 

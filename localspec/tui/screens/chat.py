@@ -43,7 +43,9 @@ def stats_line(stats: GenerationStats, reason: str, k: int | None) -> str:
     parts.append(f"TTFT {stats.ttft_seconds * 1000:.0f} ms")
     if reason == "cancelled":
         parts.append("stopped")
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    # Why the engine drafted as it did (auto's reasoning from this machine's measured costs).
+    return f"{line}\n{stats.policy}" if stats.policy else line
 
 
 def _chat_events(engine: Any, history: list[dict[str, str]], req: dict[str, Any],

@@ -32,6 +32,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("top_p", "Top-p"),
     ("min_p", "Min-p"),
     ("repeat_penalty", "Repeat penalty"),
+    ("seed", "Seed (empty: random)"),
     ("max_tokens", "Max tokens per answer"),
     ("gpu_layers", "GPU layers, target (-1 all)"),
     ("draft_gpu_layers", "GPU layers, draft (-1 all)"),
