@@ -320,13 +320,14 @@ def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "pl
 
 # -- servers -------------------------------------------------------------------------------------
 def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> RunResult:
-    from .remote import RemoteFinished
+    from .chat_engine import ChatOptions
+    from .engine.decoder import Finished
 
-    events = (remote.stream_completion(prompt.text, cfg.max_tokens, cfg.sampling) if cfg.raw
-              else remote.stream_chat([{"role": "user", "content": prompt.text}],
-                                      cfg.max_tokens, cfg.sampling))
+    options = ChatOptions(max_tokens=cfg.max_tokens, sampling=cfg.sampling)
+    events = (remote.stream_completion(prompt.text, options) if cfg.raw
+              else remote.stream_chat([{"role": "user", "content": prompt.text}], options))
     for event in events:
-        if isinstance(event, RemoteFinished):
+        if isinstance(event, Finished):
             return RunResult(tuple(event.text), event.stats)  # text as the identity key
     raise AssertionError("remote stream ended without a final event")  # pragma: no cover
 

@@ -95,3 +95,9 @@ class DamagedChatStoreError(ChatStoreError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path} is damaged ({reason})" + (f"; {hint}" if hint else ""))
+
+
+class EngineStoppedError(LocalspecError):
+    """The engine process died; the message says how (signal, phase, model)."""
+
+    title = "Engine stopped"

@@ -1,7 +1,11 @@
-"""A small client for OpenAI-compatible servers: a localspec server, llama-server, vLLM.
+"""A client for OpenAI-compatible servers: a localspec server (or the chat app's own engine
+process), llama-server, vLLM. It implements :class:`localspec.chat_engine.ChatEngine`, so a front
+end holding one cannot tell it from the in-process engine.
 
-It lets ``bench`` and the TUI point at a running server (``--url``) and stream the same events
-as the in-process engine: ``TextChunk``s, then one ``RemoteFinished``.
+A localspec server streams two extension fields beside OpenAI's: ``localspec.drafted`` on each
+text chunk (the text the target accepted from a drafter, for the chat app's colouring) and
+``localspec.stats`` on the last chunk (every statistic of the in-process ``Finished``). Other
+servers send neither; then the statistics come from ``usage`` and llama-server's ``timings``.
 """
 
 from __future__ import annotations
@@ -11,22 +15,23 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from .chat_engine import ChatEvent, ChatMessage, ChatOptions, EngineInfo
+from .engine.decoder import DraftSettings, Finished
 from .engine.sampling import SamplingParams
 from .engine.stats import GenerationStats
 from .engine.text import TextChunk
 from .errors import LocalspecError
 
 log = logging.getLogger(__name__)
-_GREEDY = SamplingParams()
+FINISH_REASONS = ("stop", "length", "cancelled")
 
 
 class RemoteError(LocalspecError):
-    """The server answered with an error, or could not be reached."""
+    """The server answered with an error, or could not be reached (or broke off)."""
 
     title = "Server error"
 
@@ -35,35 +40,32 @@ class RemoteError(LocalspecError):
         self.status = status
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteFinished:
-    """The last event of a remote stream.
-
-    ``stats`` combines what the server reported (usage; ``timings`` from localspec or
-    llama-server, absent from vLLM) with the times measured here (TTFT, total).
-    ``timings`` is the server's own dict, or None.
-    """
-
-    text: str
-    finish_reason: str
-    stats: GenerationStats = field(compare=False)
-    timings: dict[str, Any] | None = field(default=None, compare=False)
-
-
 class RemoteEngine:
-    """An OpenAI-compatible endpoint. ``url`` is the server's base, with or without ``/v1``."""
+    """An OpenAI-compatible endpoint. ``url`` is the server's base, with or without ``/v1``;
+    ``uds`` reaches it over a unix socket (the chat app's private engine process)."""
 
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None,
-                 timeout: float = 600.0, client: httpx.Client | None = None) -> None:
+                 timeout: float = 600.0, client: httpx.Client | None = None,
+                 uds: str | None = None, where: str | None = None) -> None:
         base = url.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.model = model
+        self._localspec: bool | None = None
+        self._meta: dict[str, Any] = {}
+        self._where = where or self.base_url
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        transport = httpx.HTTPTransport(uds=uds) if uds else None
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=10.0),
-                                              headers=headers)
+                                              headers=headers, transport=transport)
 
     def close(self) -> None:
         self._client.close()
+
+    def stopped(self) -> str | None:
+        return None  # another process's server: its supervision is its own
+
+    def restart(self) -> None:
+        pass
 
     def __enter__(self) -> RemoteEngine:
         return self
@@ -71,55 +73,64 @@ class RemoteEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def list_models(self) -> list[str]:
-        """The model ids the server lists."""
+    # -- what the server serves -------------------------------------------------------------------
+    def list_models(self) -> list[dict[str, Any]]:
         response = self._request("GET", "/models")
-        return [m["id"] for m in response.json().get("data", [])]
+        data = response.json().get("data", [])
+        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     def resolved_model(self) -> str:
         """The model to ask for: the one given, else the server's first."""
-        if self.model is None:
+        if self.model is None or self._localspec is None:
             models = self.list_models()
             if not models:
                 raise RemoteError(f"{self.base_url} lists no models")
-            self.model = models[0]
+            chosen = next((m for m in models if m["id"] == self.model), models[0])
+            self.model = self.model or chosen["id"]
+            self._localspec = chosen.get("owned_by") == "localspec"
+            self._meta = chosen.get("meta") or {}
         return self.model
 
-    def stream_chat(self, messages: Sequence[Mapping[str, str]], max_tokens: int = 256,
-                    sampling: SamplingParams = _GREEDY, stop: Sequence[str] = (),
-                    cancel: threading.Event | None = None
-                    ) -> Iterator[TextChunk | RemoteFinished]:
+    @property
+    def info(self) -> EngineInfo:
+        name = self.resolved_model()
+        draft = self._meta.get("draft")
+        return EngineInfo(name=name, target=str(self._meta.get("target") or name),
+                          draft=str(draft) if draft else None, has_draft_model=bool(draft),
+                          where=self._where)
+
+    # -- generating -----------------------------------------------------------------------------
+    def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,
+                    cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Stream a chat completion. Setting ``cancel`` closes the connection (the server then
         stops generating)."""
-        body = {"messages": [dict(m) for m in messages]}
-        return self._stream("/chat/completions", body, max_tokens, sampling, stop, cancel)
+        body: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+        return self._stream("/chat/completions", body, options, cancel)
 
-    def stream_completion(self, prompt: str, max_tokens: int = 256,
-                          sampling: SamplingParams = _GREEDY, stop: Sequence[str] = (),
-                          cancel: threading.Event | None = None
-                          ) -> Iterator[TextChunk | RemoteFinished]:
+    def stream_completion(self, prompt: str, options: ChatOptions,
+                          cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Stream a plain completion (no chat template)."""
-        return self._stream("/completions", {"prompt": prompt}, max_tokens, sampling, stop,
-                            cancel)
+        return self._stream("/completions", {"prompt": prompt}, options, cancel)
 
-    # -- internals ----------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             response = self._client.request(method, self.base_url + path, **kw)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"cannot reach {self.base_url}: {exc}") from exc
+            raise RemoteError(f"cannot reach {self._where}: {exc}") from exc
         if response.status_code >= 400:
             raise _error(response)
         return response
 
-    def _stream(self, path: str, body: dict[str, Any], max_tokens: int,
-                sampling: SamplingParams, stop: Sequence[str],
-                cancel: threading.Event | None) -> Iterator[TextChunk | RemoteFinished]:
-        body = {"model": self.resolved_model(), **body, "max_tokens": max_tokens,
-                **sampling_fields(sampling), "stream": True,
+    def _stream(self, path: str, body: dict[str, Any], options: ChatOptions,
+                cancel: threading.Event | None) -> Iterator[ChatEvent]:
+        model = self.resolved_model()
+        body = {"model": model, **body, "max_tokens": options.max_tokens,
+                **sampling_fields(options.sampling), "stream": True,
                 "stream_options": {"include_usage": True}}
-        if stop:
-            body["stop"] = list(stop)
+        if options.stop:
+            body["stop"] = list(options.stop)
+        if options.draft is not None and self._localspec:
+            body.update(draft_fields(options.draft))
         t0 = time.perf_counter()
         try:
             with self._client.stream("POST", self.base_url + path, json=body) as response:
@@ -128,7 +139,7 @@ class RemoteEngine:
                     raise _error(response)
                 yield from _events(response, t0, cancel)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"connection to {self.base_url} failed: {exc}") from exc
+            raise RemoteError(f"the connection to {self._where} broke off: {exc}") from exc
 
 
 def sampling_fields(sp: SamplingParams) -> dict[str, Any]:
@@ -147,6 +158,12 @@ def sampling_fields(sp: SamplingParams) -> dict[str, Any]:
     return out
 
 
+def draft_fields(draft: DraftSettings) -> dict[str, Any]:
+    """localspec's request extension: how this request drafts (sent to localspec servers)."""
+    return {"draft_mode": draft.mode, "k": "auto" if draft.k is None else draft.k,
+            "k_max": draft.k_max, "accept_rule": draft.rule, "exact": draft.exact}
+
+
 def _error(response: httpx.Response) -> RemoteError:
     try:
         err = response.json().get("error")
@@ -158,20 +175,23 @@ def _error(response: httpx.Response) -> RemoteError:
 
 
 def _events(response: httpx.Response, t0: float,
-            cancel: threading.Event | None) -> Iterator[TextChunk | RemoteFinished]:
+            cancel: threading.Event | None) -> Iterator[ChatEvent]:
     parts: list[str] = []
     reason = "stop"
     usage: dict[str, Any] = {}
     timings: dict[str, Any] | None = None
+    stats: dict[str, Any] | None = None
     ttft = 0.0
+    done = False
     for line in response.iter_lines():
         if cancel is not None and cancel.is_set():
-            reason = "cancelled"
+            reason, done = "cancelled", True
             break  # leaving the `with` closes the connection: the server cancels
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
+            done = True
             break
         event = json.loads(data)
         if "error" in event:
@@ -179,21 +199,33 @@ def _events(response: httpx.Response, t0: float,
             raise RemoteError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
         usage = event.get("usage") or usage
         timings = event.get("timings") or timings
+        ext = event.get("localspec") if isinstance(event.get("localspec"), dict) else {}
+        stats = ext.get("stats") or stats
         for choice in event.get("choices") or ():
             text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
             if text:
                 if not parts:
                     ttft = time.perf_counter() - t0
                 parts.append(text)
-                yield TextChunk(text)
+                yield TextChunk(text, bool(ext.get("drafted")))
             reason = choice.get("finish_reason") or reason
+    if not done:
+        raise RemoteError("the server closed the stream before its end")
     total = time.perf_counter() - t0
-    yield RemoteFinished(text="".join(parts), finish_reason=reason,
-                         stats=_stats(usage, timings, ttft, total), timings=timings)
+    finished = _stats(usage, timings, stats, ttft, total)
+    yield Finished(text="".join(parts), tokens=(),
+                   finish_reason=reason if reason in FINISH_REASONS else "stop",  # type: ignore[arg-type]
+                   stats=finished)
 
 
-def _stats(usage: Mapping[str, Any], timings: Mapping[str, Any] | None, ttft: float,
-           total: float) -> GenerationStats:
+def _stats(usage: Mapping[str, Any], timings: Mapping[str, Any] | None,
+           full: dict[str, Any] | None, ttft: float, total: float) -> GenerationStats:
+    """A localspec server's own statistics when it sent them (times as measured here: what this
+    client waited), else what usage and llama-server's timings give."""
+    if full:
+        stats = GenerationStats.from_json(full)
+        stats.ttft_seconds, stats.total_seconds = ttft, total
+        return stats
     t = timings or {}
     return GenerationStats(prompt_tokens=int(usage.get("prompt_tokens", t.get("prompt_n", 0))),
                            completion_tokens=int(usage.get("completion_tokens",

@@ -21,15 +21,17 @@ import pytest
 
 import localspec.loading
 import localspec.server.app
+from localspec.chat_engine import ChatOptions
 from localspec.cli import main
 from localspec.engine import (
     DraftSettings,
+    Finished,
     GenerationRequest,
     ModelSettings,
     SamplingParams,
     SpeculativeEngine,
 )
-from localspec.remote import RemoteEngine, RemoteError, RemoteFinished
+from localspec.remote import RemoteEngine, RemoteError
 from localspec.server import ServerConfig
 from localspec.server.app import create_app
 from localspec.server.openai_schema import ApiError, parse_request
@@ -576,40 +578,61 @@ def test_engine_factory_loads_on_the_worker(target_gguf: Path) -> None:
 
 
 # -- the remote client -------------------------------------------------------------------------
-def test_remote_engine_streams_like_the_engine(server: BackgroundServer,
-                                               client: openai.OpenAI) -> None:
+def test_remote_engine_streams_like_the_engine(server: BackgroundServer, client: openai.OpenAI,
+                                               engine: SpeculativeEngine) -> None:
+    """Through HTTP, the same events as in-process: text chunks with their drafted flags, then
+    one Finished with every statistic (localspec's extension fields)."""
     expected = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
                                               temperature=0).choices[0].message.content
     with RemoteEngine(server.url) as remote:
-        assert remote.list_models() == [MODEL]
-        events = list(remote.stream_chat(HELLO, max_tokens=20,
-                                         sampling=SamplingParams(temperature=0.0)))
+        assert [m["id"] for m in remote.list_models()] == [MODEL]
+        events = list(remote.stream_chat(HELLO, ChatOptions(
+            max_tokens=20, sampling=SamplingParams(temperature=0.0))))
+        assert remote.info.draft is not None and remote.info.has_draft_model
     done = events[-1]
-    assert isinstance(done, RemoteFinished)
+    assert isinstance(done, Finished)
     assert "".join(e.text for e in events[:-1]) == done.text == expected
     assert done.finish_reason == "length"
-    assert done.stats.completion_tokens == 20 and done.stats.drafted >= done.stats.accepted
-    assert done.timings is not None and done.stats.total_seconds > 0
+    s = done.stats
+    assert s.completion_tokens == 20 and s.drafted >= s.accepted > 0
+    assert s.target_passes < 20 and sum(s.k_counts.values()) == s.target_passes - 1
+    assert s.policy == "fixed K=3" and s.decode_seconds > 0 and s.total_seconds > 0
+    drafted_text = "".join(e.text for e in events[:-1] if e.drafted)
+    assert drafted_text  # the colouring of accepted text crosses the boundary
+
+
+def test_remote_engine_sends_this_requests_drafting(server: BackgroundServer) -> None:
+    """The chat app's settings (draft mode, K, exact) apply across the process boundary."""
+    from localspec.engine import DraftSettings
+
+    with RemoteEngine(server.url) as remote:
+        plain = list(remote.stream_chat(HELLO, ChatOptions(
+            max_tokens=20, draft=DraftSettings(mode="none"))))[-1]
+        fixed = list(remote.stream_chat(HELLO, ChatOptions(
+            max_tokens=20, draft=DraftSettings(mode="model", k=5))))[-1]
+    assert plain.stats.drafted == 0 and plain.stats.policy.startswith("plain decoding")
+    assert fixed.stats.policy == "fixed K=5" and fixed.stats.k_counts[5] > 0
+    assert plain.text == fixed.text
 
 
 def test_remote_engine_errors_and_cancel(server: BackgroundServer) -> None:
     with RemoteEngine(server.url + "/v1", model="nope") as remote:
         with pytest.raises(RemoteError, match="does not exist"):
-            list(remote.stream_completion("the", max_tokens=2))
+            list(remote.stream_completion("the", ChatOptions(max_tokens=2)))
     with RemoteEngine("http://127.0.0.1:9") as remote:
         with pytest.raises(RemoteError, match="cannot reach"):
             remote.list_models()
     cancel = threading.Event()
     with RemoteEngine(server.url) as remote:
         events = []
-        for event in remote.stream_chat(HELLO, max_tokens=3500,
-                                        sampling=SamplingParams(temperature=1.0, seed=3),
-                                        cancel=cancel):
+        for event in remote.stream_chat(HELLO, ChatOptions(
+                max_tokens=3500, sampling=SamplingParams(temperature=1.0, seed=3)),
+                cancel=cancel):
             events.append(event)
             if len(events) == 3:
                 cancel.set()
     done = events[-1]
-    assert isinstance(done, RemoteFinished) and done.finish_reason == "cancelled"
+    assert isinstance(done, Finished) and done.finish_reason == "cancelled"
     assert len(events) == 4  # nothing more was read once cancelled
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from textual.widgets import DataTable, Input, Static
 
+from localspec.chat_engine import LocalChatEngine
 from localspec.chat_store import ChatStore, DamagedChatHistory
 from localspec.config import Settings, load_settings, save_settings
 from localspec.engine import ModelSettings
@@ -31,13 +32,18 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def in_process(spec: EngineSpec) -> LocalChatEngine:
+    """The engine in the test's own process (fast); the engine process has its own tests."""
+    return LocalChatEngine(load_engine(spec), spec.display_name)
+
+
 @pytest.fixture
 def make_app(tmp_path: Path, target_gguf: Path, draft_gguf: Path
              ) -> Callable[..., LocalspecApp]:
     db = tmp_path / "chats.sqlite3"
 
     def make(settings: Settings | None = None, spec: EngineSpec | None = "tiny",  # type: ignore
-             factory: Any = load_engine, monitor: Any = None,
+             factory: Any = in_process, monitor: Any = None,
              library: Any = None,
              store: ChatStore | DamagedChatHistory | None = None) -> LocalspecApp:
         # One llama.cpp thread: on a loaded 2-core machine more threads spin against the UI.
@@ -79,7 +85,7 @@ async def test_send_stream_regenerate_and_persist(make_app: Callable[..., Locals
         assert user.text == "write some code" and answer.text
         assert answer.stats_line and "tokens" in answer.stats_line and "TTFT" in answer.stats_line
         # What streamed is exactly what the engine produces for the same request (greedy).
-        engine = app.engine
+        engine = app.engine.engine
         hist = [{"role": "system", "content": app.settings.system_prompt},
                 {"role": "user", "content": "write some code"}]
         from localspec.config import draft_settings, sampling_params
@@ -112,24 +118,17 @@ async def test_send_stream_regenerate_and_persist(make_app: Callable[..., Locals
         assert app2.chat.chat_id == chat_id
 
 
-class SlowEngine:
+class SlowEngine(LocalChatEngine):
     """The real engine, streaming at a human pace so a key press lands mid-answer."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.draft = engine.draft
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-    def stream(self, req: Any, cancel: Any = None) -> Any:
-        for event in self.engine.stream(req, cancel):
+    def stream_chat(self, messages: Any, options: Any, cancel: Any = None) -> Any:
+        for event in super().stream_chat(messages, options, cancel):
             time.sleep(0.005)
             yield event
 
 
 def slow_factory(spec: EngineSpec) -> SlowEngine:
-    return SlowEngine(load_engine(spec))
+    return SlowEngine(load_engine(spec), spec.display_name)
 
 
 async def test_escape_stops_a_generation(make_app: Callable[..., LocalspecApp]) -> None:
@@ -182,7 +181,7 @@ async def test_switch_pair_in_the_picker(make_app: Callable[..., LocalspecApp]) 
             app.screen.query_one("#pair-detail").render()))
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.spec is not None and app.spec.pair_name == "tiny-lookup")
-        assert app.engine.draft is None
+        assert not app.engine.info.has_draft_model
         await send(pilot, app, "hello")
         await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 2)
         assert load_settings().last_pair == "tiny-lookup"
@@ -431,3 +430,66 @@ def test_control_characters_are_shown_harmlessly() -> None:
     from localspec.tui.widgets.chat_message import visible
 
     assert visible("a\x05b\nc\td\x7f") == "a\u2405b\nc\td\u2421"
+
+
+async def test_a_crash_of_the_engine_process_keeps_the_chat(
+        make_app: Callable[..., LocalspecApp]) -> None:
+    """The chat app's real engine process (as `localspec` runs it): kill -SEGV of it, idle or
+    mid-answer, shows one line, keeps the conversation, restarts, and answers the next
+    question."""
+    import os
+    import signal
+    import threading
+    from dataclasses import replace
+
+    from textual.widgets import Static
+
+    from localspec.chat_engine import open_chat_engine
+
+    app = make_app(Settings(max_tokens=3000, threads=1), factory=open_chat_engine)
+
+    def notices() -> list[str]:
+        return [str(w.render()) for w in app.chat.query(".notice").results(Static)]
+
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None, timeout=60)
+        assert app.engine.info.where == "engine process"
+        app.settings = replace(app.settings, max_tokens=20)
+        await send(pilot, app, "first question")
+        await wait_for(pilot, lambda: not app.chat.generating and len(app.chat._messages()) == 2)
+        first_pid = app.engine.pid
+        os.kill(first_pid, signal.SIGSEGV)  # idle: noticed by the app within a sample
+        await wait_for(pilot, lambda: len(notices()) == 1, timeout=30)
+        assert notices()[0].startswith("engine stopped: signal 11 (SIGSEGV)")
+        assert notices()[0].endswith("; restarting")
+        await wait_for(pilot, lambda: not app._restarting, timeout=60)
+        assert app.engine.pid != first_pid
+        # Mid-answer: the partial answer goes, the conversation stays. (Pilot's pauses wait
+        # for the app to go idle, so the kill comes from a thread watching the engine.)
+        app.settings = replace(app.settings, max_tokens=3000, temperature=1.0)
+        engine = app.engine
+
+        def kill_while_generating() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                doing = engine.activity()
+                if doing is not None and doing.phase in ("verifying", "decoding", "drafting"):
+                    os.kill(engine.pid, signal.SIGSEGV)
+                    return
+                time.sleep(0.001)
+
+        killer = threading.Thread(target=kill_while_generating)
+        killer.start()
+        await send(pilot, app, "a long answer please")
+        await wait_for(pilot, lambda: len(notices()) == 2, timeout=30)
+        assert notices()[1].startswith("engine stopped: signal 11 (SIGSEGV) while ")
+        assert not app.chat.generating
+        await wait_for(pilot, lambda: not app._restarting, timeout=60)
+        app.settings = replace(app.settings, max_tokens=12, temperature=0.0)
+        await send(pilot, app, "are you back?")
+        await wait_for(pilot, lambda: not app.chat.generating and
+                       app.chat._messages()[-1].role == "assistant" and
+                       bool(app.chat._messages()[-1].stats_line), timeout=60)
+        roles = [m.role for m in app.chat._messages()]
+        assert roles == ["user", "assistant", "user", "user", "assistant"]
+        assert app.chat._messages()[-1].text

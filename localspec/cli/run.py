@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="statistics and the engine's decisions to stderr")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, finish reason, statistics) at the end")
+    r = p.add_argument_group("remote")
+    r.add_argument("--url", help="ask this OpenAI-compatible server (a `localspec serve`, "
+                                 "llama-server, vLLM) instead of loading models here")
+    r.add_argument("--api-key", default=None, help="Bearer key for --url")
     p.set_defaults(func=run)
 
 
@@ -52,6 +56,8 @@ def _split_words(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    if args.url:
+        return _run_remote(args)
     pair, prompt = _split_words(args)
     settings = settings_from(args, read_config=True)
     spec = engine_spec(args, pair, settings)
@@ -82,6 +88,34 @@ def run(args: argparse.Namespace) -> int:
         return _stream(engine, req, args)
 
 
+def _run_remote(args: argparse.Namespace) -> int:
+    """``run --url``: the same answer from a server (its models, its drafting unless set)."""
+    from ..chat_engine import ChatOptions
+    from ..options import draft_settings, sampling_params
+    from ..remote import RemoteEngine
+
+    if args.target or args.draft:
+        raise LocalspecError("give either --url or models (--target/--draft), not both")
+    words = list(args.words)
+    prompt = " ".join(words) if words else stdin_text()
+    if prompt is None or not prompt.strip():
+        raise LocalspecError("the prompt is empty (pass it as an argument or on stdin)")
+    settings = settings_from(args, read_config=True)
+    draft = draft_settings(settings, True) if any(
+        getattr(args, name) is not None for name in ("draft_mode", "k", "k_max", "accept_rule",
+                                                     "exact")) else None
+    options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
+                          stop=tuple(args.stop), draft=draft)
+    with RemoteEngine(args.url, api_key=args.api_key) as engine:
+        if args.raw:
+            events = engine.stream_completion(prompt, options)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt})
+            events = engine.stream_chat(messages, options)  # type: ignore[arg-type]
+        return _print_events(events, args, threading.Event())
+
+
 def _describe_load(engine: Any) -> None:
     """--verbose: how llama.cpp was set up for each model (once per run)."""
     for role, runner in (("target", engine.target), ("draft", engine.draft)):
@@ -90,12 +124,16 @@ def _describe_load(engine: Any) -> None:
 
 
 def _stream(engine: Any, req: Any, args: argparse.Namespace) -> int:
+    cancel = threading.Event()
+    return _print_events(engine.stream(req, cancel), args, cancel)
+
+
+def _print_events(events: Any, args: argparse.Namespace, cancel: threading.Event) -> int:
     from ..engine import Finished
 
-    cancel = threading.Event()
     out = sys.stdout
     try:
-        for event in engine.stream(req, cancel):
+        for event in events:
             if isinstance(event, Finished):
                 if args.json:
                     json.dump({"text": event.text, "finish_reason": event.finish_reason,

@@ -8,6 +8,8 @@ import ipaddress
 import os
 import socket
 import sys
+from pathlib import Path
+from typing import Any
 
 from ..errors import LocalspecError
 from ..options import PARAMS, cli_type
@@ -41,52 +43,84 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    # Deferred: the engine (llama_cpp) and the HTTP stack load only when serving.
-    from dataclasses import replace
+    # Deferred: the HTTP stack loads only when serving; the models load in the engine process.
+    from dataclasses import asdict, replace
 
-    from ..loading import load_engine
     from ..models.names import display_name
     from ..options import draft_settings
     from ..server import ServerConfig
-    from ..server.app import create_app
+    from ..server.engine_process import EngineProcess, ProcessOptions
+    from ..server.front import create_front_app
     from ..server.running import base_url, bound_port, serve
 
     settings = settings_from(args, read_config=True)
     spec = engine_spec(args, args.pair, settings)
     model_id = args.model_name or spec.pair_name or display_name(spec.target)
-    config = ServerConfig(
-        model_id=model_id,
-        aliases=tuple(n for n in (spec.pair_name, display_name(spec.target)) if n),
-        api_key=args.api_key or None, queue_size=args.queue_size,
-        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-        draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
-                             spec.draft_mode == "model" and spec.draft is not None),
-        default_max_tokens=settings.max_tokens)
-    config.validate()
+    aliases = tuple(n for n in (spec.pair_name, display_name(spec.target)) if n)
+    draft = draft_settings(replace(settings, draft_mode=spec.draft_mode),
+                           spec.draft_mode == "model" and spec.draft is not None)
+    ServerConfig(model_id=model_id, queue_size=args.queue_size,
+                 max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+                 draft=draft).validate()
     # Before loading: a taken port is reported in a moment, not after the models have loaded,
     # and the port stays ours while they load (the same sockets are served).
     sockets = _listen(args.host, args.port)
-    if not _is_loopback(args.host) and not config.api_key:
+    target, draft_path = _validated_files(spec)
+    if not _is_loopback(args.host) and not args.api_key:
         print(f"localspec: warning: serving on {args.host} without --api-key: anyone who can "
               "reach this port can use the model", file=sys.stderr)
-    url = f"{base_url(args.host, bound_port(sockets))}/v1"
+    url = base_url(args.host, bound_port(sockets))
+    resolved = replace(spec, target=str(target), draft=str(draft_path) if draft_path else None)
+    process = EngineProcess(resolved, ProcessOptions(
+        model_id=model_id, aliases=aliases, queue_size=args.queue_size,
+        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+        default_max_tokens=settings.max_tokens, draft=asdict(draft)))
+    announced: list[Path] = []
 
-    def announce() -> None:
-        print(f"localspec: serving '{model_id}' at {url} (Ctrl-C to stop)", file=sys.stderr,
+    def ready(restarts: int) -> None:
+        if restarts:
+            print(f"localspec: the engine process is serving again (restart {restarts})",
+                  file=sys.stderr, flush=True)
+            return
+        print(f"localspec: serving '{model_id}' at {url}/v1 (Ctrl-C to stop)", file=sys.stderr,
               flush=True)
+        announced.append(_announce(url, args.api_key, model_id, target, draft_path))
 
     try:
         print(f"localspec: loading {spec.display_name} ...", file=sys.stderr, flush=True)
-        engine = load_engine(spec)
-        try:
-            config.draft.validate(engine.draft is not None)
-            serve(create_app(engine, config), sockets, on_started=announce)
-        finally:
-            engine.close()
+        serve(create_front_app(process, api_key=args.api_key or None, model_id=model_id,
+                               max_body_bytes=args.max_body_bytes, on_ready=ready), sockets)
     finally:
         for sock in sockets:
             sock.close()
+        for path in announced:
+            from ..server.discovery import unregister
+
+            unregister(path)
     return 0
+
+
+def _validated_files(spec: Any) -> tuple[Path, Path | None]:
+    """The pair's files, validated here so a bad file is one line before any process starts."""
+    from ..engine.gguf_meta import read_gguf_info, validate_pair
+    from ..models.names import resolve_model
+
+    target = resolve_model(spec.target)
+    draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
+    if draft is not None:
+        validate_pair(target, draft)
+    else:
+        read_gguf_info(target)
+    return target, draft
+
+
+def _announce(url: str, api_key: str | None, model_id: str, target: Path,
+              draft: Path | None) -> Path:
+    """Let this machine's chat apps find this server (they attach instead of loading twice)."""
+    from ..server.discovery import ServedPair, identity, register
+
+    return register(ServedPair(pid=os.getpid(), url=url, api_key=api_key, model_id=model_id,
+                               target=identity(target) or "", draft=identity(draft)))
 
 
 def _count(flag: str, low: int):  # type: ignore[no-untyped-def]

@@ -95,6 +95,25 @@ class GenerationStats:
             "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GenerationStats:
+        """Back from ``to_json`` (statistics that crossed a process boundary); derived rates
+        are recomputed, unknown keys ignored, missing ones zero."""
+        counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
+                                         "accepted", "draft_rounds", "target_passes",
+                                         "lookup_rounds") if isinstance(data.get(f), int)}
+        timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
+                                              "verify_seconds", "sample_seconds",
+                                              "ttft_seconds", "total_seconds", "decode_seconds",
+                                              "calibration_seconds")
+                  if isinstance(data.get(f), int | float)}
+        k_counts: Counter[int] = Counter()
+        for k, n in (data.get("k_counts") or {}).items():
+            if str(k).isdigit() and isinstance(n, int):
+                k_counts[int(k)] = n
+        policy = data.get("policy") if isinstance(data.get("policy"), str) else ""
+        return cls(**counters, **timers, k_counts=k_counts, policy=policy)
+
     def summary(self) -> str:
         """One human line, for --verbose and the TUI's status."""
         return (

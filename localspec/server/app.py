@@ -323,7 +323,8 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     if engine is None or state.worker.state != "ready":
         raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
     tokens = await _on_engine(state, lambda: _tokenize(engine, parsed))
-    gen = generation_request(parsed, tokens, engine.target.n_ctx, state.config)
+    gen = generation_request(parsed, tokens, engine.target.n_ctx, state.config,
+                             engine.draft is not None)
     events = _Events(state.metrics)
     try:
         job = state.worker.submit(gen, events.sink)
@@ -401,7 +402,7 @@ async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: st
         while True:
             event = await events.queue.get()
             if isinstance(event, TextChunk):
-                yield sse(chunk(kind, rid, model, event.text))
+                yield sse(chunk(kind, rid, model, event.text, drafted=event.drafted))
                 continue
             if isinstance(event, Finished) and event.finish_reason != "cancelled":
                 yield sse(chunk(kind, rid, model, done=event))

@@ -11,10 +11,10 @@ import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ..engine.decoder import Finished, GenerationRequest
+from ..engine.decoder import DraftSettings, Finished, GenerationRequest
 from ..engine.sampling import SamplingParams
 from ..engine.stats import GenerationStats
 from .config import ServerConfig
@@ -27,8 +27,8 @@ _COMMON = {
     "frequency_penalty", "presence_penalty", "n", "logprobs", "logit_bias", "user",
     # llama.cpp-style extensions (llama-server and vLLM accept the same names)
     "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
-    # localspec's own: auto drafting only where batched logits do not drift (see --exact)
-    "exact",
+    # localspec's own: how this request drafts (see `localspec run --help`)
+    "exact", "draft_mode", "k", "k_max", "accept_rule",
     # accepted and ignored: they do not change the generated text
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
@@ -89,7 +89,7 @@ class ParsedRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
-    exact: bool | None = None  # None: the server's setting
+    draft: dict[str, Any] = field(default_factory=dict)  # localspec's drafting fields
 
 
 # -- request validation ------------------------------------------------------------------------
@@ -116,8 +116,7 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          prompt_tokens=prompt_tokens, max_tokens=_max_tokens(body, config),
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
-                         include_usage=include_usage,
-                         exact=_bool(body, "exact", None) if "exact" in body else None)
+                         include_usage=include_usage, draft=_draft_fields(body))
 
 
 def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
@@ -293,6 +292,20 @@ def _checked(name: str, value: Any, label: str | None = None) -> Any:
         raise bad_param(label, exc.message) from None
 
 
+def _draft_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """localspec's extension: draft_mode, k (a number or "auto"), k_max, accept_rule, exact."""
+    out: dict[str, Any] = {}
+    for key in ("draft_mode", "k", "k_max", "accept_rule", "exact"):
+        if key not in body or body[key] is None:
+            continue
+        value = body[key]
+        if key == "k" and isinstance(value, str) and value.lower() == "auto":
+            out[key] = None
+            continue
+        out[key] = _checked(key, value)
+    return out
+
+
 def _stop(value: Any, limit: int) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -352,10 +365,12 @@ def full_response(kind: Kind, rid: str, model: str, done: Finished) -> dict[str,
         choice = {"index": 0, "text": done.text, "finish_reason": finish_reason(done),
                   "logprobs": None}
     return {**_envelope(kind, rid, model, chunk=False), "choices": [choice],
-            "usage": usage(done.stats), "timings": timings(done.stats)}
+            "usage": usage(done.stats), "timings": timings(done.stats),
+            "localspec": {"stats": done.stats.to_json()}}
 
 
 def chunk(kind: Kind, rid: str, model: str, text: str | None = None, *, first: bool = False,
+          drafted: bool = False,
           done: Finished | None = None) -> dict[str, Any]:
     """One streamed chunk: the role (chat, first), a text delta, or the finish with timings."""
     reason = finish_reason(done) if done is not None else None
@@ -370,8 +385,11 @@ def chunk(kind: Kind, rid: str, model: str, text: str | None = None, *, first: b
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
     out = {**_envelope(kind, rid, model, chunk=True), "choices": [choice]}
+    if drafted:  # localspec's extension: this text was accepted from a drafter
+        out["localspec"] = {"drafted": True}
     if done is not None:
         out["timings"] = timings(done.stats)
+        out["localspec"] = {"stats": done.stats.to_json()}  # every statistic, for clients
     return out
 
 
@@ -402,8 +420,17 @@ def sse(payload: Mapping[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def _draft(base: DraftSettings, fields: dict[str, Any], has_draft_model: bool) -> DraftSettings:
+    names = {"draft_mode": "mode", "k": "k", "k_max": "k_max", "accept_rule": "rule",
+             "exact": "exact"}
+    draft = replace(base, **{names[k]: v for k, v in fields.items()})
+    if draft.mode == "model" and not has_draft_model:
+        draft = replace(draft, mode="lookup")  # as in the chat app: the draft model when loaded
+    return draft
+
+
 def generation_request(parsed: ParsedRequest, tokens: tuple[int, ...], n_ctx: int,
-                       config: ServerConfig) -> GenerationRequest:
+                       config: ServerConfig, has_draft_model: bool = True) -> GenerationRequest:
     """The engine request, once the prompt is tokenized; checks the context window."""
     param = "messages" if parsed.kind == "chat" else "prompt"
     n = len(tokens)
@@ -420,6 +447,6 @@ def generation_request(parsed: ParsedRequest, tokens: tuple[int, ...], n_ctx: in
                        param="max_tokens", code="context_length_exceeded")
     max_tokens = parsed.max_tokens or min(config.default_max_tokens, config.max_tokens_limit,
                                           n_ctx - n)
-    draft = config.draft if parsed.exact is None else replace(config.draft, exact=parsed.exact)
+    draft = _draft(config.draft, parsed.draft, has_draft_model)
     return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens,
                              sampling=parsed.sampling, stop=parsed.stop, draft=draft)

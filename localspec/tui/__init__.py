@@ -116,9 +116,13 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
     if url is not None:
         factory, spec = remote_factory(url, api_key)
     else:
-        from ..loading import load_engine
+        from .. import paths
+        from ..chat_engine import open_chat_engine
 
-        factory = load_engine
+        def factory(engine_spec: EngineSpec) -> Any:
+            # A serve of the same pair if one runs, else a private engine process: a native
+            # crash there is one line in the chat and a restart, not the end of the app.
+            return open_chat_engine(engine_spec, log_file=paths.cache_dir() / "engine.log")
     # llama.cpp writes to stderr (which Textual draws on) unless its log goes to `logging`.
     route_llama_logs_to_logging()
     try:

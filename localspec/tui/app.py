@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from .. import paths
+from ..chat_engine import ChatEngine
 from ..chat_store import ChatStore, DamagedChatHistory
 from ..config import Settings, model_settings
 from ..errors import LocalspecError
@@ -28,6 +29,8 @@ from ..monitor import MachineSample, Monitor
 from .messages import (
     ChatHistoryMovedAside,
     ChatHistoryMoveFailed,
+    EngineRestarted,
+    EngineStopped,
     ModelLoaded,
     ModelLoadFailed,
     SampleTaken,
@@ -36,7 +39,7 @@ from .screens.chat import ChatScreen
 from .screens.dialogs import ConfirmScreen, ErrorScreen
 from .screens.help import HelpScreen
 
-EngineFactory = Callable[[EngineSpec], Any]
+EngineFactory = Callable[[EngineSpec], ChatEngine]
 
 
 def describe_error(error: BaseException) -> tuple[str, str]:
@@ -91,7 +94,8 @@ class LocalspecApp(App[int]):
         self.initial_spec = spec
         self.export_dir = export_dir
         self.sample_interval = sample_interval
-        self.engine: Any = None
+        self.engine: ChatEngine | None = None
+        self._restarting = False
         self.spec: EngineSpec | None = None
         self.last_sample: MachineSample | None = None
         self.chat = ChatScreen()
@@ -171,6 +175,40 @@ class LocalspecApp(App[int]):
         self.last_sample = message.sample
         if self.chat.is_mounted and not self._exit:  # samples may still arrive while quitting
             self.chat.show_sample(message.sample)
+        # An engine process can die between answers too: notice it within a sample or two.
+        if self.engine is not None and not self._restarting and not self.chat.generating:
+            reason = self.engine.stopped()
+            if reason is not None:
+                self.post_message(EngineStopped(reason))
+
+    # -- an engine process that died -----------------------------------------------------------
+    def on_engine_stopped(self, message: EngineStopped) -> None:
+        """One line in the chat, the conversation kept, a new engine process started."""
+        if self._restarting or self.engine is None:
+            return
+        self._restarting = True
+        self.chat.add_notice(f"{message.reason}; restarting")
+        self.chat.set_loading("restarting the engine…")
+        self._restart(self.engine)
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _restart(self, engine: ChatEngine) -> None:
+        try:
+            engine.restart()
+        except Exception as exc:  # shown in the app, never as a traceback
+            self.post_message(EngineRestarted(exc))
+            return
+        self.post_message(EngineRestarted())
+
+    def on_engine_restarted(self, message: EngineRestarted) -> None:
+        self._restarting = False
+        self.chat.set_loading(None)
+        if self.spec is not None:
+            self.chat.pair_label = _pair_label(self.spec)
+        if message.error is not None:
+            self.show_error(message.error)
+        else:
+            self.notify("Engine restarted: ask again.")
 
     # -- loading ------------------------------------------------------------------------------
     def spec_for_pair(self, pair: PairStatus) -> EngineSpec:
@@ -222,7 +260,7 @@ class LocalspecApp(App[int]):
         self.show_error(message.error)
 
     @work(thread=True, group="close", exit_on_error=False)
-    def _close_engine(self, engine: Any) -> None:
+    def _close_engine(self, engine: ChatEngine) -> None:
         # A cancelled generation leaves the engine within a step; free it only after that.
         self.chat.idle.wait(30)
         _close(engine)
@@ -315,10 +353,8 @@ class LocalspecApp(App[int]):
                 _close(engine)
 
 
-def _close(engine: Any) -> None:
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+def _close(engine: ChatEngine) -> None:
+    engine.close()
 
 
 def _pair_label(spec: EngineSpec) -> str:

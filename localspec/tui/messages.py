@@ -8,6 +8,7 @@ from typing import Any
 
 from textual.message import Message
 
+from ..chat_engine import ChatEngine
 from ..chat_store import ChatStore
 from ..engine import Finished, TextChunk
 from ..loading import EngineSpec
@@ -17,7 +18,7 @@ from ..monitor import MachineSample
 
 @dataclass
 class ModelLoaded(Message):
-    engine: Any
+    engine: ChatEngine
     spec: EngineSpec
     seconds: float
 
@@ -46,6 +47,18 @@ class GenerationFinished(Message):
 class GenerationFailed(Message):
     generation: int
     error: Exception
+
+
+@dataclass
+class EngineStopped(Message):
+    """The engine process died (``reason`` says how); the app restarts it."""
+
+    reason: str
+
+
+@dataclass
+class EngineRestarted(Message):
+    error: Exception | None = None
 
 
 @dataclass

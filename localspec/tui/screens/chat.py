@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -16,10 +15,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import get_current_worker
 
+from ...chat_engine import ChatEngine, ChatOptions
+from ...chat_engine import ChatMessage as Turn
 from ...config import draft_settings, sampling_params
-from ...engine import GenerationRequest, GenerationStats, TextChunk
+from ...engine import GenerationStats, TextChunk
+from ...errors import EngineStoppedError
 from ...monitor import MachineSample
-from ..messages import GenerationFailed, GenerationFinished, TokensArrived
+from ..messages import EngineStopped, GenerationFailed, GenerationFinished, TokensArrived
 from ..widgets.chat_message import ChatMessage
 from ..widgets.machine_gauge import MachineGauge
 from ..widgets.rate_gauge import RateGauge, RateReading
@@ -48,16 +50,6 @@ def stats_line(stats: GenerationStats, reason: str, k: int | None) -> str:
     return f"{line}\n{stats.policy}" if stats.policy else line
 
 
-def _chat_events(engine: Any, history: list[dict[str, str]], req: dict[str, Any],
-                 cancel: threading.Event) -> Iterator[Any]:
-    """Stream a chat answer from a local engine, or from a remote one (localspec.remote)."""
-    if hasattr(engine, "stream_chat"):  # an OpenAI-compatible server renders the template
-        return engine.stream_chat(history, max_tokens=req["max_tokens"],
-                                  sampling=req["sampling"], cancel=cancel)
-    tokens = engine.tokenize(engine.chat_prompt(history), chat=True)
-    return engine.stream(GenerationRequest(prompt_tokens=tuple(tokens), **req), cancel=cancel)
-
-
 class ChatScreen(Screen[None]):
     """Chat with the loaded pair. The app sets ``engine`` and ``pair_label`` (data flows down)."""
 
@@ -69,7 +61,7 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+t", "toggle_drafted", "Drafted"),
     ]
 
-    engine: reactive[Any] = reactive(None)
+    engine: reactive[ChatEngine | None] = reactive(None)
     pair_label: reactive[str] = reactive("no pair loaded — F2 to pick one")
     show_drafted: reactive[bool] = reactive(False)
 
@@ -191,7 +183,7 @@ class ChatScreen(Screen[None]):
 
     async def _start_generation(self) -> None:
         settings = self.lsapp.settings
-        history: list[dict[str, str]] = []
+        history: list[Turn] = []
         if settings.system_prompt:
             history.append({"role": "system", "content": settings.system_prompt})
         history += [{"role": m.role, "content": m.text} for m in self._messages()]
@@ -204,25 +196,26 @@ class ChatScreen(Screen[None]):
         self.generating = True
         self._stream_started = 0.0
         self._stream_tokens = self._stream_drafted = 0
-        has_draft = getattr(self.engine, "draft", None) is not None
-        draft = draft_settings(settings, has_draft)
+        assert self.engine is not None
+        draft = draft_settings(settings, self.engine.info.has_draft_model)
         self._k = draft.k
-        req = dict(max_tokens=settings.max_tokens, sampling=sampling_params(settings), draft=draft)
+        options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
+                              draft=draft)
         self.idle.clear()
         self._set_reading(RateReading(generating=True,
                                       plain_tokens_per_second=self._last_reading
                                       .plain_tokens_per_second))
-        self.generate(self.engine, history, req, self.generation)
+        self.generate(self.engine, history, options, self.generation)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def generate(self, engine: Any, history: list[dict[str, str]], req: dict[str, Any],
+    def generate(self, engine: ChatEngine, history: list[Turn], options: ChatOptions,
                  generation: int) -> None:
         """Render the chat, stream the answer, post it in batches. Runs in a thread."""
         worker = get_current_worker()
         try:
             batch: list[TextChunk] = []
             last = time.monotonic()
-            for event in _chat_events(engine, history, req, worker.cancelled_event):
+            for event in engine.stream_chat(history, options, worker.cancelled_event):
                 if not isinstance(event, TextChunk):  # Finished (or a remote engine's kind)
                     if batch:
                         self.post_message(TokensArrived(generation, tuple(batch)))
@@ -300,7 +293,17 @@ class ChatScreen(Screen[None]):
             self._streaming = None
         self._set_reading(RateReading(
             plain_tokens_per_second=self._last_reading.plain_tokens_per_second))
+        if isinstance(message.error, EngineStoppedError):
+            # The conversation stays; the app says what happened in one line and restarts.
+            self.post_message(EngineStopped(message.error.message))
+            return
         self.lsapp.show_error(message.error)
+
+    def add_notice(self, text: str) -> None:
+        """One line in the conversation that is not part of it (not stored, not sent)."""
+        conv = self.query_one("#conversation", VerticalScroll)
+        conv.mount(Static(text, classes="notice", markup=False))
+        conv.scroll_end(animate=False)
 
     # -- actions ------------------------------------------------------------------------------
     def action_stop(self) -> None:

@@ -1,0 +1,147 @@
+"""One engine contract for every front end: chat messages (or a prompt) in, text chunks and one
+``Finished`` with the full statistics out.
+
+Two implementations: :class:`LocalChatEngine`, the speculative engine in this process (``run``,
+``bench``, the engine process behind the chat app and ``serve``), and
+:class:`localspec.remote.RemoteEngine`, any OpenAI-compatible server over HTTP (a ``localspec
+serve``, the chat app's own engine process, llama-server, vLLM). Front ends are written against
+:class:`ChatEngine` and never know which one they hold.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypedDict
+
+from .engine.decoder import DraftSettings, Finished, GenerationRequest, SpeculativeEngine
+from .engine.sampling import SamplingParams
+from .engine.text import TextChunk
+from .loading import EngineSpec
+from .options import DEFAULT_MAX_TOKENS
+
+
+class ChatMessage(TypedDict):
+    role: str  # system, user or assistant
+    content: str
+
+
+ChatEvent = TextChunk | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """How to answer one request. ``draft`` None: the engine's own drafting (a server's
+    configuration); the in-process engine then drafts with its draft model when it has one."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingParams = SamplingParams()
+    draft: DraftSettings | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What a front end shows about the engine it talks to."""
+
+    name: str
+    target: str
+    draft: str | None
+    has_draft_model: bool
+    where: str  # "in-process", "engine process", or the server's URL
+
+
+class ChatEngine(Protocol):
+    """What the chat app, ``run --url`` and ``bench --url`` need from an engine."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,
+                    cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
+
+    def stream_completion(self, prompt: str, options: ChatOptions,
+                          cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
+
+    def stopped(self) -> str | None:
+        """Why the engine is no longer there (its process died), or None while it is."""
+        ...
+
+    def restart(self) -> None:
+        """Bring a stopped engine back (a new engine process on the same pair)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalChatEngine:
+    """The speculative engine in this process, behind the contract: the chat template is the
+    target's own, and ``options.draft`` None drafts with the draft model when there is one."""
+
+    def __init__(self, engine: SpeculativeEngine, name: str) -> None:
+        self.engine = engine
+        has_draft = engine.draft is not None
+        self._info = EngineInfo(name=name, target=str(engine.target.path),
+                                draft=str(engine.draft.path) if engine.draft else None,
+                                has_draft_model=has_draft, where="in-process")
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def _request(self, tokens: tuple[int, ...], options: ChatOptions) -> GenerationRequest:
+        draft = options.draft or DraftSettings(
+            mode="model" if self.engine.draft is not None else "lookup")
+        if draft.mode == "model" and self.engine.draft is None:
+            draft = DraftSettings(mode="lookup", k=draft.k, k_max=draft.k_max, rule=draft.rule,
+                                  exact=draft.exact)
+        return GenerationRequest(prompt_tokens=tokens, max_tokens=options.max_tokens,
+                                 sampling=options.sampling, stop=options.stop, draft=draft)
+
+    def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,
+                    cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        prompt = self.engine.chat_prompt([dict(m) for m in messages])
+        tokens = self.engine.tokenize(prompt, chat=True)
+        return self.engine.stream(self._request(tokens, options), cancel)
+
+    def stream_completion(self, prompt: str, options: ChatOptions,
+                          cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        tokens = self.engine.tokenize(prompt, chat=False)
+        return self.engine.stream(self._request(tokens, options), cancel)
+
+    def stopped(self) -> str | None:
+        return None  # in this process: if it died, so did we
+
+    def restart(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def open_chat_engine(spec: EngineSpec, log_file: Path | None = None) -> ChatEngine:
+    """The chat app's engine for ``spec``: the ``localspec serve`` on this machine that already
+    serves the same files (no second copy in memory), else a private engine process."""
+    from dataclasses import replace
+
+    from .engine.gguf_meta import read_gguf_info, validate_pair
+    from .models.names import resolve_model
+    from .remote import RemoteEngine
+    from .server import discovery
+    from .server.engine_process import ProcessChatEngine, ProcessOptions
+
+    target = resolve_model(spec.target)
+    draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
+    if draft is not None:
+        validate_pair(target, draft)  # a bad file is one line here, not a dead process
+    else:
+        read_gguf_info(target)
+    served = discovery.find(target, draft)
+    if served is not None:
+        return RemoteEngine(served.url, api_key=served.api_key, model=served.model_id,
+                            where=f"localspec serve at {served.url}")
+    resolved = replace(spec, target=str(target), draft=str(draft) if draft else None)
+    return ProcessChatEngine(resolved, ProcessOptions(model_id=spec.display_name),
+                             log_file=log_file)

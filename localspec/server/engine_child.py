@@ -1,0 +1,59 @@
+"""The engine process itself: ``python -m localspec.server.engine_child`` (started by
+``EngineProcess``, never by hand). It loads the pair and serves localspec's API on a private
+unix socket, reporting what its engine is doing into the shared activity board."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="localspec-engine")
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--activity", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--log-file")
+    args = ap.parse_args(argv)
+    handler: logging.Handler = (logging.FileHandler(args.log_file, encoding="utf-8")
+                                if args.log_file else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(logging.Formatter("%(asctime)s engine %(levelname)s %(name)s: "
+                                           "%(message)s"))
+    logging.basicConfig(level=logging.INFO if args.log_file else logging.WARNING,
+                        handlers=[handler])
+    logging.getLogger("localspec.llama_cpp").setLevel(logging.ERROR)
+
+    from pathlib import Path
+
+    import uvicorn
+
+    from ..engine import activity
+    from ..engine.decoder import DraftSettings
+    from ..loading import load_engine
+    from .app import create_app
+    from .config import ServerConfig
+    from .engine_process import KEY_ENV, ProcessOptions, spec_from_json, watch_parent
+
+    watch_parent(os.getppid())
+    activity.install(activity.Board.file(Path(args.activity)))
+    config = json.loads(args.config)
+    spec = spec_from_json(config["spec"])
+    opts = ProcessOptions(**config["options"])
+    server = ServerConfig(model_id=opts.model_id, aliases=tuple(opts.aliases),
+                          api_key=os.environ.pop(KEY_ENV, None),
+                          queue_size=opts.queue_size, max_tokens_limit=opts.max_tokens_limit,
+                          max_body_bytes=opts.max_body_bytes,
+                          draft=DraftSettings(**opts.draft),
+                          **({"default_max_tokens": opts.default_max_tokens}
+                             if opts.default_max_tokens else {}))
+    app = create_app(lambda: load_engine(spec), server)
+    uvicorn.Server(uvicorn.Config(app, uds=args.socket, log_level="warning",
+                                  timeout_graceful_shutdown=5)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
