@@ -94,8 +94,10 @@ class PairPickerScreen(Screen[PairStatus | None]):
         row = (p.name, p.target, p.draft or "—", p.draft_mode, _presence(p),
                human_bytes(p.size) if p.size else "—", _yes_no(p.compatible), p.source)
         if p.name in self.pairs:
+            # A checked pair's cells ("1.3 MB" for "—") may need wider columns than the
+            # listing's: without update_width the text is cut once the table has laid out.
             for col, value in zip(table.columns, row, strict=True):
-                table.update_cell(p.name, col, value)
+                table.update_cell(p.name, col, value, update_width=True)
         else:
             table.add_row(*row, key=p.name)
         self.pairs[p.name] = p
