@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.app import App
+from textual.message import Message
+from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 
 from localspec.chat_engine import LocalChatEngine
@@ -17,9 +20,13 @@ from localspec.config import Settings, load_settings, save_settings
 from localspec.engine import ModelSettings
 from localspec.errors import ModelLoadError
 from localspec.loading import EngineSpec, load_engine
+from localspec.models.library import PairStatus
 from localspec.tui import open_chat_store
 from localspec.tui.app import LocalspecApp
+from localspec.tui.messages import ChatDeleted, WorkFailed
+from localspec.tui.screens.chats import ChatListScreen
 from localspec.tui.screens.dialogs import ConfirmScreen, ErrorScreen
+from localspec.tui.screens.pairs import PairPickerScreen
 from localspec.tui.widgets.machine_gauge import MachineGauge
 from tests.tui_fakes import FIXED_CPU_SAMPLE, FakeLibrary, FakeMonitor
 
@@ -274,6 +281,105 @@ async def test_model_manager_pull_cancel_delete_inspect(make_app: Callable[..., 
         await pilot.pause()
         await pilot.press("y")
         await wait_for(pilot, lambda: lib.deleted == ["tiny-target:latest"])
+
+
+async def test_deleting_the_open_chat_starts_afresh(make_app: Callable[..., LocalspecApp],
+                                                   tmp_path: Path) -> None:
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    shown = store.create_chat("shown")
+    store.add_message(shown.id, "user", "hello")
+    store.add_message(shown.id, "assistant", "hi there")
+    other = store.create_chat("other")
+    app = make_app(spec=None, store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.chat.open_chat(shown.id)
+        assert len(app.chat._messages()) == 2
+
+        async def delete(chat_id: int) -> None:
+            await pilot.press("f5")
+            await pilot.pause()
+            table = app.screen.query_one(DataTable)
+            table.move_cursor(row=table.get_row_index(str(chat_id)))
+            await pilot.press("d")
+            await pilot.pause()
+            await pilot.press("y")
+            await pilot.pause()
+
+        await delete(other.id)  # not the one shown: the conversation stays
+        assert app.chat.chat_id == shown.id and len(app.chat._messages()) == 2
+        await pilot.press("escape")
+        await delete(shown.id)  # the one shown: the chat screen starts an empty chat
+        await wait_for(pilot, lambda: app.chat.chat_id is None and not app.chat._messages())
+        assert store.list_chats() == []
+        # An export that fails (a file where the folder should be) is shown as an error.
+        kept = store.create_chat("kept")
+        await pilot.press("escape")
+        await pilot.press("f5")
+        await pilot.pause()
+        (tmp_path / "exports").write_text("not a folder")
+        await pilot.press("e")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        error = app.screen
+        assert isinstance(error, ErrorScreen) and error.error_title == "System error"
+        assert [c.id for c in store.list_chats()] == [kept.id]
+
+
+class ScreenHost(App[None]):
+    """A bare app around one screen: the screen gets only its collaborators, and what it posts
+    up is recorded."""
+
+    def __init__(self, screen: Screen[Any]) -> None:
+        super().__init__()
+        self.hosted = screen
+        self.posted: list[Message] = []
+
+    def on_mount(self) -> None:
+        self.push_screen(self.hosted)
+
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.posted.append(message)
+
+    def on_chat_deleted(self, message: ChatDeleted) -> None:
+        self.posted.append(message)
+
+
+async def test_pair_picker_needs_only_its_collaborators(target_gguf: Path,
+                                                        draft_gguf: Path) -> None:
+    def estimate_spec(pair: PairStatus) -> EngineSpec:
+        return EngineSpec(target=pair.target, draft=pair.draft, pair_name=pair.name)
+
+    picker = PairPickerScreen(FakeLibrary(target_gguf, draft_gguf), estimate_spec,
+                              lambda: (7 * 10**9, "VRAM"))
+    async with ScreenHost(picker).run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "7.0 GB free VRAM" in str(
+            picker.query_one("#pair-detail").render()))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not picker.is_attached)
+
+    class Unreadable(FakeLibrary):
+        def pairs(self) -> list[PairStatus]:
+            raise OSError("models.toml: permission denied")
+
+    host = ScreenHost(PairPickerScreen(Unreadable(target_gguf, draft_gguf), estimate_spec,
+                                       lambda: (None, "memory")))
+    async with host.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: bool(host.posted))
+        assert isinstance(host.posted[0], WorkFailed)
+        assert "permission denied" in str(host.posted[0].error)
+
+
+async def test_chat_list_reports_deletions_up(tmp_path: Path) -> None:
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    chat = store.create_chat("to delete")
+    host = ScreenHost(ChatListScreen(store, tmp_path / "exports"))
+    async with host.run_test(size=SIZE) as pilot:
+        await pilot.press("d")
+        await pilot.pause()
+        await pilot.press("y")
+        await wait_for(pilot, lambda: bool(host.posted))
+        assert isinstance(host.posted[0], ChatDeleted) and host.posted[0].chat_id == chat.id
+        assert host.hosted.query_one(DataTable).row_count == 0
+    store.close()
 
 
 async def test_settings_are_saved(make_app: Callable[..., LocalspecApp],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import pytest
 from localspec.chat_store import ChatStore
 from localspec.config import Settings
 from localspec.tui.app import LocalspecApp
+from localspec.tui.widgets.machine_gauge import MachineGauge
 from tests.tui_fakes import FIXED_CPU_SAMPLE, FIXED_GPU_SAMPLE, FakeLibrary, FakeMonitor
 
 SIZE = (120, 34)
@@ -22,8 +25,32 @@ def _app(tmp_path: Path, sample: Any = FIXED_GPU_SAMPLE) -> LocalspecApp:
                         lib, Settings(), spec=None, sample_interval=0.05)
 
 
-async def _settle(pilot: Any) -> None:
-    await pilot.pause(0.3)
+async def _settle(pilot: Any, timeout: float = 20.0) -> None:
+    """Wait until the screen shows what it will keep showing: the gauge has its (fixed) sample,
+    every worker but the gauges' sampler (which runs until the app exits) has finished, and
+    what they posted has been handled without starting another (the pair picker's estimate
+    starts only once the listing has highlighted a row)."""
+    app: LocalspecApp = pilot.app
+    deadline = time.monotonic() + timeout
+
+    def running() -> list[Any]:
+        return [w for w in app.workers if w.group != "monitor" and not w.is_finished]
+
+    while True:
+        try:
+            # Each worker's outcome does not matter here (an exclusive one is cancelled by its
+            # successor), only that it is over.
+            await asyncio.wait_for(
+                asyncio.gather(*(w.wait() for w in running()), return_exceptions=True),
+                max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            raise AssertionError(f"still running after {timeout}s: {running()}") from None
+        await pilot.pause()  # handle what the workers posted; that may start new ones
+        if app.chat.query_one(MachineGauge).sample is not None and not running():
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no machine sample shown after {timeout}s")
+        await pilot.pause(0.02)
     await pilot.wait_for_scheduled_animations()
 
 

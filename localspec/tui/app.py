@@ -27,6 +27,7 @@ from ..loading import EngineSpec
 from ..models.library import ModelLibrary, PairStatus
 from ..monitor import MachineSample, Monitor
 from .messages import (
+    ChatDeleted,
     ChatHistoryMovedAside,
     ChatHistoryMoveFailed,
     EngineRestarted,
@@ -34,6 +35,7 @@ from .messages import (
     ModelLoaded,
     ModelLoadFailed,
     SampleTaken,
+    WorkFailed,
 )
 from .screens.chat import ChatScreen
 from .screens.dialogs import ConfirmScreen, ErrorScreen
@@ -210,6 +212,11 @@ class LocalspecApp(App[int]):
         else:
             self.notify("Engine restarted: ask again.")
 
+    def free_memory(self) -> tuple[int | None, str]:
+        """Memory free for models by the latest sample (VRAM, else RAM), and which it is."""
+        sample = self.last_sample
+        return sample.free_memory_for_models() if sample else (None, "memory")
+
     # -- loading ------------------------------------------------------------------------------
     def spec_for_pair(self, pair: PairStatus) -> EngineSpec:
         target, draft = model_settings(self.settings)
@@ -283,6 +290,9 @@ class LocalspecApp(App[int]):
         title, message = describe_error(error)
         self.push_screen(ErrorScreen(title, message))
 
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.show_error(message.error)  # posted by a screen, bubbled up to here
+
     # -- actions ------------------------------------------------------------------------------
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -294,12 +304,13 @@ class LocalspecApp(App[int]):
             if pair is not None:
                 self.load(self.spec_for_pair(pair))
 
-        self.push_screen(PairPickerScreen(), chosen)
+        self.push_screen(PairPickerScreen(self.library, self.spec_for_pair, self.free_memory),
+                         chosen)
 
     def action_models(self) -> None:
         from .screens.models import ModelManagerScreen
 
-        self.push_screen(ModelManagerScreen())
+        self.push_screen(ModelManagerScreen(self.library))
 
     def action_settings(self) -> None:
         from .screens.settings import SettingsScreen
@@ -317,7 +328,12 @@ class LocalspecApp(App[int]):
             if chat_id is not None:
                 await self.chat.open_chat(chat_id)
 
-        self.push_screen(ChatListScreen(self.export_dir or paths.data_dir() / "exports"), chosen)
+        export_dir = self.export_dir or paths.data_dir() / "exports"
+        self.push_screen(ChatListScreen(self.store, export_dir), chosen)
+
+    async def on_chat_deleted(self, message: ChatDeleted) -> None:
+        if self.chat.chat_id == message.chat_id:  # the chat on screen is gone: start afresh
+            await self.chat.open_chat(None)
 
     async def action_quit(self) -> None:
         # Cancel first: a generation stops between steps, a pull at its next chunk, and the app

@@ -123,9 +123,17 @@ class InfoReady(Message):
 
 @dataclass
 class WorkFailed(Message):
-    """A background job of a screen failed; the screen shows the error."""
+    """Something a screen did (a listing, a pull, an export) failed. Screens let it bubble up to
+    the app, which shows it in a modal: errors are shown at one edge, not in every screen."""
 
     error: Exception
+
+
+@dataclass
+class ChatDeleted(Message):
+    """A saved chat was deleted; the app has the chat screen start afresh if it showed it."""
+
+    chat_id: int
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -13,14 +12,17 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Label
 
+from ...chat_store import ChatStore
+from ..messages import ChatDeleted, WorkFailed
 from .dialogs import ConfirmScreen, TextPromptScreen
-
-if TYPE_CHECKING:
-    from ..app import LocalspecApp
 
 
 class ChatListScreen(ModalScreen[int | None]):
-    """Dismisses with the chat id to open, or None."""
+    """The chats saved in ``store``; dismisses with the chat id to open, or None.
+
+    Deleting a chat posts ChatDeleted (the chat screen may be showing it); an export that fails
+    posts WorkFailed. Both bubble up to the app.
+    """
 
     BINDINGS = [
         Binding("escape", "back", "Back"),
@@ -29,13 +31,10 @@ class ChatListScreen(ModalScreen[int | None]):
         Binding("e", "export", "Export"),
     ]
 
-    def __init__(self, export_dir: Path) -> None:
+    def __init__(self, store: ChatStore, export_dir: Path) -> None:
         super().__init__(classes="dialog-screen")
+        self.store = store
         self.export_dir = export_dir
-
-    @property
-    def lsapp(self) -> LocalspecApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog help"):
@@ -52,7 +51,7 @@ class ChatListScreen(ModalScreen[int | None]):
     def refresh_chats(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        for c in self.lsapp.store.list_chats():
+        for c in self.store.list_chats():
             when = dt.datetime.fromtimestamp(c.updated).strftime("%Y-%m-%d %H:%M")
             table.add_row(c.title, c.pair or "—", when, key=str(c.id))
 
@@ -71,13 +70,13 @@ class ChatListScreen(ModalScreen[int | None]):
 
     def action_rename(self) -> None:
         chat_id = self._selected()
-        chat = self.lsapp.store.get_chat(chat_id) if chat_id is not None else None
+        chat = self.store.get_chat(chat_id) if chat_id is not None else None
         if chat is None:
             return
 
         def renamed(title: str | None) -> None:
             if title:
-                self.lsapp.store.rename_chat(chat.id, title)
+                self.store.rename_chat(chat.id, title)
                 self.refresh_chats()
 
         self.app.push_screen(TextPromptScreen("Rename chat", chat.title), renamed)
@@ -89,9 +88,8 @@ class ChatListScreen(ModalScreen[int | None]):
 
         def confirmed(yes: bool | None) -> None:
             if yes:
-                self.lsapp.store.delete_chat(chat_id)
-                if self.lsapp.chat.chat_id == chat_id:
-                    self.lsapp.chat.chat_id = None
+                self.store.delete_chat(chat_id)
+                self.post_message(ChatDeleted(chat_id))
                 self.refresh_chats()
 
         self.app.push_screen(ConfirmScreen("Delete this chat?"), confirmed)
@@ -101,9 +99,9 @@ class ChatListScreen(ModalScreen[int | None]):
         if chat_id is None:
             return
         try:
-            path = self.lsapp.store.export_to(chat_id, self.export_dir)
+            path = self.store.export_to(chat_id, self.export_dir)
         except OSError as exc:
-            self.lsapp.show_error(exc)
+            self.post_message(WorkFailed(exc))
             return
         self.notify(f"Exported to {path}")
 

@@ -4,7 +4,7 @@ suggest drafts for a target."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -14,15 +14,16 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, ProgressBar, Static
 from textual.worker import get_current_worker
 
-from ..messages import InfoReady, ModelsListed, PullFinished, PullProgressed
+from ...models.library import ModelLibrary
+from ..messages import InfoReady, ModelsListed, PullFinished, PullProgressed, WorkFailed
 from ..widgets._format import human_bytes
 from .dialogs import ConfirmScreen
 
-if TYPE_CHECKING:
-    from ..app import LocalspecApp
-
 
 class ModelManagerScreen(Screen[None]):
+    """The local models of ``library``. A listing, pull or delete that fails is posted up as
+    WorkFailed."""
+
     BINDINGS = [
         Binding("escape", "back", "Back"),
         Binding("f6", "refresh", "Refresh"),
@@ -32,14 +33,11 @@ class ModelManagerScreen(Screen[None]):
         Binding("ctrl+x", "cancel_pull", "Cancel pull"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, library: ModelLibrary) -> None:
         super().__init__()
+        self.library = library
         self.pulling: str | None = None
         self._bars: dict[str, ProgressBar] = {}
-
-    @property
-    def lsapp(self) -> LocalspecApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -68,7 +66,7 @@ class ModelManagerScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="models", exit_on_error=False)
     def list_models(self) -> None:
         try:
-            self.post_message(ModelsListed(self.lsapp.library.local_models()))
+            self.post_message(ModelsListed(self.library.local_models()))
         except Exception as exc:
             self.post_message(ModelsListed([], exc))
 
@@ -81,7 +79,7 @@ class ModelManagerScreen(Screen[None]):
             else:
                 table.add_row(m.name, human_bytes(m.size), str(m.path), key=m.name)
         if message.error is not None:
-            self.lsapp.show_error(message.error)
+            self.post_message(WorkFailed(message.error))
         elif not message.models:
             self._detail("Models", "No local Ollama models. Pull one above.")
 
@@ -123,7 +121,7 @@ class ModelManagerScreen(Screen[None]):
                                              str(getattr(p, "status", "") or "")))
 
         try:
-            model = self.lsapp.library.pull(name, progress, worker.cancelled_event)
+            model = self.library.pull(name, progress, worker.cancelled_event)
         except Exception as exc:
             self.post_message(PullFinished(name, None,
                                            None if worker.is_cancelled else exc))
@@ -146,7 +144,7 @@ class ModelManagerScreen(Screen[None]):
         self.pulling = None
         self.query_one("#cancel-pull", Button).disabled = True
         if message.error is not None:
-            self.lsapp.show_error(message.error)
+            self.post_message(WorkFailed(message.error))
         elif message.model is None:
             self.notify(f"Pull of {message.name} cancelled.")
         else:
@@ -173,12 +171,12 @@ class ModelManagerScreen(Screen[None]):
     @work(thread=True, group="models-delete", exit_on_error=False)
     def delete_model(self, name: str) -> None:
         try:
-            self.lsapp.library.delete(name)
+            self.library.delete(name)
         except Exception as exc:
             self.post_message(ModelsListed([], exc))
             return
         self.post_message(InfoReady("Deleted", name))
-        self.post_message(ModelsListed(self.lsapp.library.local_models()))
+        self.post_message(ModelsListed(self.library.local_models()))
 
     def action_inspect(self) -> None:
         name = self._selected()
@@ -192,7 +190,7 @@ class ModelManagerScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="models-info", exit_on_error=False)
     def info(self, name: str, what: str) -> None:
-        lib = self.lsapp.library
+        lib = self.library
         try:
             if what == "inspect":
                 meta = lib.inspect(name)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -12,12 +13,15 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
-from ...models.library import PairStatus
+from ...loading import EngineSpec
+from ...models.library import MemoryEstimate, ModelLibrary, PairStatus
 from ..messages import EstimateReady, PairChecked, WorkFailed
 from ..widgets._format import human_bytes
 
-if TYPE_CHECKING:
-    from ..app import LocalspecApp
+# How the pair would be loaded with the current settings (what its memory estimate is for).
+EstimateSpec = Callable[[PairStatus], EngineSpec]
+# Memory free for models now, and where: (bytes or None if unknown, "VRAM" / "RAM" / "memory").
+FreeMemory = Callable[[], tuple[int | None, str]]
 
 COLUMNS = ("Pair", "Target", "Draft", "Mode", "Present", "Size", "Compatible", "Source")
 
@@ -31,17 +35,22 @@ def _presence(pair: PairStatus) -> str:
 
 
 class PairPickerScreen(Screen[PairStatus | None]):
-    """Dismisses with the chosen pair (the app loads it) or None."""
+    """Dismisses with the chosen pair (the app loads it) or None.
+
+    ``library`` lists and checks the pairs; ``estimate_spec`` and ``free_memory`` give the
+    highlighted pair's memory estimate (both are called from a worker thread). A listing that
+    fails is posted up as WorkFailed.
+    """
 
     BINDINGS = [Binding("escape", "back", "Back"), Binding("enter", "choose", "Load", show=True)]
 
-    def __init__(self) -> None:
+    def __init__(self, library: ModelLibrary, estimate_spec: EstimateSpec,
+                 free_memory: FreeMemory) -> None:
         super().__init__()
+        self.library = library
+        self.estimate_spec = estimate_spec
+        self.free_memory = free_memory
         self.pairs: dict[str, PairStatus] = {}
-
-    @property
-    def lsapp(self) -> LocalspecApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -63,7 +72,7 @@ class PairPickerScreen(Screen[PairStatus | None]):
         """List the pairs, then check each one's files (reads GGUF headers: may be slow)."""
         worker = get_current_worker()
         try:
-            pairs = self.lsapp.library.pairs()
+            pairs = self.library.pairs()
         except Exception as exc:
             self.post_message(WorkFailed(exc))
             return
@@ -73,7 +82,7 @@ class PairPickerScreen(Screen[PairStatus | None]):
             if worker.is_cancelled:
                 return
             try:
-                self.post_message(PairChecked(self.lsapp.library.check_pair(p)))
+                self.post_message(PairChecked(self.library.check_pair(p)))
             except Exception as exc:  # one bad pair must not hide the others
                 from dataclasses import replace
 
@@ -85,16 +94,15 @@ class PairPickerScreen(Screen[PairStatus | None]):
         row = (p.name, p.target, p.draft or "—", p.draft_mode, _presence(p),
                human_bytes(p.size) if p.size else "—", _yes_no(p.compatible), p.source)
         if p.name in self.pairs:
+            # A checked pair's cells ("1.3 MB" for "—") may need wider columns than the
+            # listing's: without update_width the text is cut once the table has laid out.
             for col, value in zip(table.columns, row, strict=True):
-                table.update_cell(p.name, col, value)
+                table.update_cell(p.name, col, value, update_width=True)
         else:
             table.add_row(*row, key=p.name)
         self.pairs[p.name] = p
         if table.cursor_row >= 0 and self._highlighted() == p.name:
             self._describe(p)
-
-    def on_work_failed(self, message: WorkFailed) -> None:
-        self.lsapp.show_error(message.error)
 
     def _highlighted(self) -> str | None:
         table = self.query_one(DataTable)
@@ -119,11 +127,10 @@ class PairPickerScreen(Screen[PairStatus | None]):
 
     @work(thread=True, exclusive=True, group="estimate", exit_on_error=False)
     def estimate(self, pair: PairStatus) -> None:
-        app = self.lsapp
-        sample = app.last_sample
-        free, where = sample.free_memory_for_models() if sample else (None, "memory")
+        est: MemoryEstimate | Exception
         try:
-            est = app.library.estimate(app.spec_for_pair(pair), free, where)
+            free, where = self.free_memory()
+            est = self.library.estimate(self.estimate_spec(pair), free, where)
         except Exception as exc:
             est = exc
         self.post_message(EstimateReady(pair.name, est))
