@@ -25,9 +25,9 @@ from .sampling import (
     Choice,
     SamplingParams,
     candidates,
-    confidence,
     coupled_choice,
     greedy_choice,
+    greedy_pick,
     greedy_token,
     point_mass,
     residual,
@@ -401,11 +401,12 @@ class SpeculativeEngine:
 
     # -- choosing tokens --------------------------------------------------------------------------
     def _choose(self, logits: np.ndarray, history: Sequence[int], run: _Run,
-                position: int) -> Choice:
-        """The token the target emits at output ``position`` (greedy or coupled)."""
+                position: int, guard: bool = True) -> Choice:
+        """The token the target emits at output ``position`` (greedy or coupled); ``guard``:
+        resolve its margin for the near-tie guard (a pass over the vocabulary)."""
         sp = run.req.sampling
         if run.rule == "greedy":
-            return greedy_choice(logits, history, sp, self.tie_margin)
+            return greedy_choice(logits, history, sp, self.tie_margin if guard else 0.0)
         return coupled_choice(candidates(logits, history, sp), sp.temperature, run.seed,
                               position)
 
@@ -427,7 +428,8 @@ class SpeculativeEngine:
         def pick(logits: np.ndarray, history: list[int], j: int) -> tuple[int, float,
                                                                         Candidates | None]:
             if run.rule == "greedy" or run.rule == "match":
-                return greedy_token(logits, history, sp), confidence(logits), None
+                tok, conf = greedy_pick(logits, history, sp)
+                return tok, conf, None
             c = candidates(logits, history, sp)
             if run.rule == "coupled":
                 tok = coupled_choice(c, sp.temperature, run.seed, base + j).token
@@ -493,7 +495,7 @@ class SpeculativeEngine:
             hist.append(tok)
         k = len(prop.tokens)
         if run.rule in ("greedy", "coupled"):
-            choice = self._choose(logits[k], hist, run, base + k)
+            choice = self._choose(logits[k], hist, run, base + k, guard)
             if guard and choice.margin < self.tie_margin:
                 return k, None
             return k, choice.token

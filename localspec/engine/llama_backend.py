@@ -275,6 +275,9 @@ class LlamaRunner:
             self._fill_batch(chunk, len(self.tokens), first_logit - start)
             t0 = time.perf_counter()
             rc = self._lib.llama_decode(self._ctx, self._batch)
+            # On a GPU llama_decode only queues the work: the time a decode takes ends when its
+            # results are ready, which is what the cost model and host-overhead figures need.
+            self._lib.llama_synchronize(self._ctx)
             self.decode_seconds += time.perf_counter() - t0
             self.decode_calls += 1
             if rc != 0:

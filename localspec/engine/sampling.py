@@ -28,11 +28,6 @@ import numpy as np
 
 AcceptRule = Literal["coupled", "rejection", "match"]
 
-# The fraction of probability mass ignored when a cut-off needs the whole vocabulary's sum: logits
-# more than this far below the best one weigh less than exp(-30) ~ 1e-13 each.
-_FAR_BELOW = 30.0
-
-
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling settings. ``temperature == 0`` is greedy decoding (argmax)."""
@@ -103,56 +98,59 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     return out
 
 
-def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
-    if 0 < k < x.shape[0]:
-        return np.argpartition(x, -k)[-k:]
-    return np.arange(x.shape[0])
-
-
 def candidates(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> Candidates:
-    """The processed distribution of one position, over its candidates only."""
+    """The processed distribution of one position, over its candidates only.
+
+    A few passes over the vocabulary (its best logit, the tokens min-p keeps, and, when top-p
+    needs the top-k set's total mass, the band of tokens within _BAND of the best); the rest
+    works on a few dozen tokens. Top-k members further below weigh less than exp(-_BAND) each,
+    so leaving them out of top-p's normalisation changes it by less than top_k * exp(-_BAND)."""
     x = apply_penalties(logits, history, p)
     n = x.shape[0]
     best = float(x.max())
-    if p.min_p > 0.0:
-        # min-p keeps tokens within ln(min_p) of the best logit (a probability ratio, unchanged by
-        # the renormalisations of top-k and top-p), so every survivor is in this set.
-        ids = np.flatnonzero(x >= best + math.log(p.min_p))
-        if 0 < p.top_k < ids.size:
-            ids = ids[np.argpartition(x[ids], -p.top_k)[-p.top_k:]]
-    elif p.top_k > 0 or p.top_p >= 1.0:
-        ids = _top_k_ids(x, p.top_k)
+    top_k = p.top_k if 0 < p.top_k < n else 0
+    floor = best + math.log(p.min_p) if p.min_p > 0.0 else -math.inf
+    if floor >= best - _BAND:
+        ids = np.flatnonzero(x >= floor)  # min-p keeps only these, whatever else applies
+        if top_k and ids.size > top_k:
+            ids = ids[np.argpartition(x[ids], -top_k)[-top_k:]]
+    elif top_k:
+        ids = np.argpartition(x, -top_k)[-top_k:]
+    elif p.top_p < 1.0:
+        ids = np.flatnonzero(x >= best - _BAND)  # _top_p sorts everything if this is short
     else:
-        ids = np.flatnonzero(x >= best - _FAR_BELOW)
+        ids = np.arange(n)
     vals = x[ids].astype(np.float64)
     order = np.argsort(-vals, kind="stable")
     ids, vals = ids[order], vals[order]
     if p.top_p < 1.0:
-        ids, vals = _top_p(x, ids, vals, best, p)
-    if p.min_p > 0.0:
-        keep = vals >= best + math.log(p.min_p)
-        ids, vals = ids[keep], vals[keep]
+        ids, vals = _top_p(x, ids, vals, best, top_k, p)
+    keep = vals >= floor
+    ids, vals = ids[keep], vals[keep]
     scaled = vals / p.temperature if p.temperature > 0 else vals
     e = np.exp(scaled - scaled.max())
-    del n
     return Candidates(ids.astype(np.int64), vals, e / e.sum())
 
 
-def _top_p(x: np.ndarray, ids: np.ndarray, vals: np.ndarray, best: float,
+_BAND = 24.0
+
+
+def _top_p(x: np.ndarray, ids: np.ndarray, vals: np.ndarray, best: float, top_k: int,
            p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """Keep the shortest best-first prefix whose probability (at temperature 1, normalised over
     what top-k kept, or the whole vocabulary without top-k) reaches ``top_p``."""
-    if 0 < p.top_k < x.shape[0]:
-        # Normalise over the top-k set; candidates may be fewer (min-p pre-filtered them), so
-        # the rest of the top-k mass comes from the k largest values.
-        kth = np.partition(x, -p.top_k)[-p.top_k:] if ids.size < p.top_k else vals
-        total = float(np.exp(np.asarray(kth, dtype=np.float64) - best).sum())
+    if top_k and ids.size == top_k:
+        total = float(np.exp(vals - best).sum())  # ids are the top-k set itself
+    elif top_k:  # min-p kept fewer: the rest of the top-k set is below its floor
+        band = x[x >= best - _BAND]
+        kth = np.partition(band, -top_k)[-top_k:] if band.size > top_k else band
+        total = float(np.exp(kth.astype(np.float64) - best).sum())
     else:
         total = float(np.exp((x - best).astype(np.float64)).sum())
     cdf = np.cumsum(np.exp(vals - best)) / total
     cut = int(np.searchsorted(cdf, p.top_p) + 1)
-    if cut > ids.size and ids.size < x.shape[0] and p.min_p <= 0.0:
-        # The pre-filter was too narrow for this flat distribution: sort everything.
+    if cut > ids.size and ids.size < x.shape[0] and p.min_p <= 0.0 and not top_k:
+        # The band was too narrow for this flat distribution: sort everything.
         all_ids = np.argsort(-x, kind="stable")
         all_vals = x[all_ids].astype(np.float64)
         cdf = np.cumsum(np.exp(all_vals - best)) / total
@@ -228,13 +226,22 @@ def coupled_choice(c: Candidates, temperature: float, seed: int, position: int) 
     return Choice(int(c.ids[i]), float(top2[1] - top2[0]) * temperature)
 
 
-def confidence(logits: np.ndarray) -> float:
+def confidence(logits: np.ndarray, best: float | None = None) -> float:
     """The model's probability of its own top token (temperature 1): a cheap acceptance proxy.
 
-    Tokens more than 20 logits below the best are left out of the sum (< 2e-9 each)."""
-    best = float(logits.max())
-    near = logits[logits >= best - 20.0]
-    return 1.0 / float(np.exp(near.astype(np.float64) - best).sum())
+    Tokens more than 20 logits below the best are left out of the sum (< 2e-9 each). ``best``
+    (the top logit, when the caller already has it) saves a pass over the vocabulary."""
+    top = float(logits.max()) if best is None else best
+    near = logits[logits >= top - 20.0]
+    return 1.0 / float(np.exp(near.astype(np.float64) - top).sum())
+
+
+def greedy_pick(logits: np.ndarray, history: Sequence[int],
+                p: SamplingParams) -> tuple[int, float]:
+    """A greedy draft's token and its confidence, in two passes over the vocabulary."""
+    x = apply_penalties(logits, history, p)
+    tok = int(np.argmax(x))
+    return tok, confidence(x, float(x[tok]))
 
 
 def sample(c: Candidates, rng: np.random.Generator) -> int:
