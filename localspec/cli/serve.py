@@ -82,9 +82,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"localspec: the engine process is serving again (restart {restarts})",
                   file=sys.stderr, flush=True)
             return
+        # Findable first, then announced: whoever reads the line can attach at once.
+        announced.append(_announce(url, args.api_key, model_id, target, draft_path))
         print(f"localspec: serving '{model_id}' at {url}/v1 (Ctrl-C to stop)", file=sys.stderr,
               flush=True)
-        announced.append(_announce(url, args.api_key, model_id, target, draft_path))
 
     try:
         print(f"localspec: loading {spec.display_name} ...", file=sys.stderr, flush=True)
