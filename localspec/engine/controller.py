@@ -10,7 +10,7 @@ argument applied one token at a time); zero drafted tokens, plain decoding, is a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .drafters import Proposal
 
@@ -65,25 +65,53 @@ class CostModel:
         self.draft_token += self.smoothing * (per_token - self.draft_token)
 
 
-@dataclass(slots=True)
+MAX_DEPTH = 33  # drafts are at most 32 tokens
+
+
 class AcceptanceModel:
-    """P(target accepts a drafted token), binned by the drafter's confidence and learned online.
+    """P(target accepts a drafted token), learned online, two ways:
 
-    Each bin starts from a prior equal to its confidence and moves with the observed outcomes;
-    only tokens up to and including the first rejection are observed."""
+    * by the drafter's confidence, binned: each bin starts from a prior equal to its confidence
+      and moves with the observed outcomes;
+    * by depth in the draft: the running acceptance of the first drafted token, of the second
+      given the first was accepted, and so on. Acceptance is not the same at every depth (in
+      prose here: ~64% for the first token, ~45% for the second), and one running rate for all
+      depths made auto too pessimistic to draft even one token where one token paid.
 
-    hits: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
-    seen: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
-    prior_weight: float = 2.0
-    # The running per-token acceptance, used before a token's own confidence is known.
-    rate: float = 0.6
-    prior_rate: float = 0.6
-    _request: list[float] = field(default_factory=lambda: [0.0, 0.0])  # hits, seen
+    Only tokens up to and including the first rejection are observed."""
+
+    __slots__ = ("hits", "seen", "prior_weight", "rates", "prior_rates", "_request")
+
+    def __init__(self, rate: float = 0.6, prior_rate: float = 0.6,
+                 prior_weight: float = 2.0) -> None:
+        self.hits = [0.0] * N_BINS
+        self.seen = [0.0] * N_BINS
+        self.prior_weight = prior_weight
+        self.rates = [rate] * MAX_DEPTH
+        self.prior_rates = [prior_rate] * MAX_DEPTH
+        self._request = [0.0, 0.0]  # hits, seen (this request)
+
+    @property
+    def rate(self) -> float:
+        """The running acceptance of a first drafted token."""
+        return self.rates[0]
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        self.rates = [value] * MAX_DEPTH
+
+    @property
+    def prior_rate(self) -> float:
+        return self.prior_rates[0]
 
     def estimate(self, conf: float) -> float:
         b = min(int(conf * N_BINS), N_BINS - 1)
         centre = (b + 0.5) / N_BINS
         return (self.hits[b] + self.prior_weight * centre) / (self.seen[b] + self.prior_weight)
+
+    def depth_rates(self, start: int, n: int) -> list[float]:
+        """The running acceptance at depths ``start`` .. ``start + n - 1``."""
+        return [self.rates[min(d, MAX_DEPTH - 1)] for d in range(start, start + n)]
 
     def observe(self, confidences: list[float], n_accepted: int) -> None:
         for i, conf in enumerate(confidences[: n_accepted + 1]):
@@ -93,21 +121,29 @@ class AcceptanceModel:
             self.seen[b] += 1.0
             self._request[0] += ok
             self._request[1] += 1.0
-            self.rate += 0.1 * (ok - self.rate)
+            d = min(i, MAX_DEPTH - 1)
+            self.rates[d] += 0.1 * (ok - self.rates[d])
+
+    def teach(self, depth: int, predicted: float) -> None:
+        """A drafted token dropped unverified: its predicted acceptance stands in for it."""
+        d = min(depth, MAX_DEPTH - 1)
+        self.rates[d] += 0.1 * (predicted - self.rates[d])
 
     def relax(self) -> None:
         """Drift back towards the prior while not drafting, so a bad patch is retried later."""
-        self.rate += 0.02 * (self.prior_rate - self.rate)
+        self.rates = [r + 0.02 * (p - r) for r, p in zip(self.rates, self.prior_rates,
+                                                         strict=True)]
 
     def start_request(self) -> None:
         """A new request starts from what past requests taught (this pair on this machine)."""
-        self.rate = self.prior_rate
+        self.rates = list(self.prior_rates)
         self._request = [0.0, 0.0]
 
     def end_request(self) -> None:
-        hits, seen = self._request
-        if seen:
-            self.prior_rate += 0.3 * (hits / seen - self.prior_rate)
+        """What this request saw becomes the next one's starting point."""
+        if self._request[1]:
+            self.prior_rates = [p + 0.3 * (r - p) for r, p in zip(self.rates, self.prior_rates,
+                                                                   strict=True)]
 
 
 def _best_prefix(probs: list[float], fixed_seconds: float, costs: CostModel,
@@ -163,12 +199,15 @@ class DraftController:
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify(1)
 
-    def _constant_rate(self, a: float, room: int, per_token: float) -> tuple[int, float]:
-        """Best (k, tokens/s) for drafting k tokens each accepted with probability ``a``."""
+    def _constant_rate(self, a: float | list[float], room: int,
+                       per_token: float) -> tuple[int, float]:
+        """Best (k, tokens/s) for drafting k tokens, the i-th accepted with probability
+        ``a[i]`` (or ``a`` at every depth)."""
         best_k, best = 0, self.plain_rate()
         expected, term = 1.0, 1.0
+        depths = a if isinstance(a, list) else [a] * self.k_max
         for k in range(1, min(self.k_max, room) + 1):
-            term *= a
+            term *= depths[k - 1]
             expected += term
             rate = expected / (k * per_token + self.costs.verify(k + 1))
             if rate > best:
@@ -185,7 +224,8 @@ class DraftController:
         return room > 0 and self.expected_model_rate(room) > self.MARGIN * self.plain_rate()
 
     def expected_model_rate(self, room: int) -> float:
-        return self._constant_rate(self.model_acc.rate, room, self.costs.draft_token)[1]
+        return self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room,
+                                   self.costs.draft_token)[1]
 
     def keep_going(self, j: int, prop: Proposal) -> bool:
         """After j drafted tokens: is drafting more expected to beat stopping now?
@@ -207,9 +247,10 @@ class DraftController:
         for p in prop.estimates:
             prefix *= p
             expected += prefix
-        a, go = self.model_acc.rate, 0.0
+        go = 0.0
+        ahead = self.model_acc.depth_rates(j, self.k_max - j)
         for m in range(j + 1, self.k_max + 1):
-            prefix *= a
+            prefix *= ahead[m - j - 1]
             expected += prefix
             go = max(go, expected / (m * c + self.costs.verify(m + 1)))
         return go > stop
@@ -231,7 +272,7 @@ class DraftController:
             probs = [acc.rate] * len(prop.tokens)
         best_k, _ = _best_prefix(probs, draft_seconds, self.costs)
         if prop.source == "model" and best_k < len(probs):
-            acc.rate += 0.1 * (probs[best_k] - acc.rate)
+            acc.teach(best_k, probs[best_k])
         return best_k
 
     def lookup_rate(self, prop: Proposal) -> float:
@@ -282,7 +323,8 @@ class DraftController:
     def explain(self, room: int = 1 << 30) -> str:
         """Why auto drafts or not, from the measured costs (for --verbose and the chat app)."""
         t1 = self.costs.verify(1)
-        k, rate = self._constant_rate(self.model_acc.rate, room, self.costs.draft_token)
+        k, rate = self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room,
+                                      self.costs.draft_token)
         if k == 0:
             k_probe = min(4, self.k_max)
             ratio = self.costs.verify(k_probe + 1) / t1
