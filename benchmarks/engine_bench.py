@@ -1,4 +1,4 @@
-"""The engine benchmark of issue 2, on the real pair from ../shared/models/fetch.sh.
+"""The engine benchmark, on the real pair from ../shared/models/fetch.sh.
 
 Everything is a ratio measured in one run: the speculative engine vs the same target alone, same
 prompts, same settings, greedy unless said otherwise. Run on an otherwise idle machine:
@@ -64,6 +64,13 @@ def _kind_speedup(result: dict[str, Any], kind: str) -> float:
     return plain / spec
 
 
+def _repack_works(target: Path) -> bool:
+    """Whether llama.cpp's repacked kernels run this target here (a real run, in a child)."""
+    cmd = [*CLI, "run", "--target", str(target), "--draft-mode", "none", "--repack", "on",
+           "--raw", "-n", "4", "def"]
+    return subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path(os.environ.get(
@@ -71,6 +78,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--only", choices=list(TARGETS), action="append")
+    ap.add_argument("--sweep-k", default="1,2,3,5,8", help="fixed K beside auto on F16")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-sampling", action="store_true")
     args = ap.parse_args()
@@ -81,17 +89,27 @@ def main() -> int:
 
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                               "repeats": args.repeats, "max_tokens": args.max_tokens,
-                              "greedy": {}}
+                              "greedy": {}, "repack_on": {}}
     for name, file in TARGETS.items():
         if args.only and name not in args.only:
             continue
-        report["greedy"][name] = _bench(args.models / file, draft, args)
+        extra = ["--sweep-k", args.sweep_k] if name == "F16" and args.sweep_k else []
+        report["greedy"][name] = _bench(args.models / file, draft, args,
+                                        "--baseline", "llama-cpp-python", "--repack", "off",
+                                        *extra)
+        if name != "F16":  # llama.cpp repacks quantized weights only
+            works = _repack_works(args.models / file) and _repack_works(draft)
+            report["repack_on"][name] = (_bench(args.models / file, draft, args,
+                                                "--baseline", "llama-cpp-python", "--repack",
+                                                "on") if works else "crashes on this CPU")
     f16 = args.models / TARGETS["F16"]
     if not args.skip_sampling:
+        sampled = argparse.Namespace(**{**vars(args), "repeats": 2})
         report["sampling"] = {
-            rule: _bench(f16, draft, args, "--kind", "code", "--temperature", "0.8",
-                         "--seed", "7", "--accept-rule", rule)
-            for rule in ("rejection", "match")
+            rule: _bench(f16, draft, sampled, "--kind", "code", "--kind", "prose",
+                         "--temperature", "0.8", "--seed", "7", "--accept-rule", rule,
+                         "--baseline", "engine")
+            for rule in ("coupled", "rejection", "match")
         }
     if not args.skip_memory:
         report["memory"] = _memory(f16, draft)
@@ -102,33 +120,59 @@ def main() -> int:
     return 0
 
 
+def _row(name: str, kind: str, rows: list[dict[str, Any]], res: dict[str, Any]) -> str:
+    tp = sum(p["plain_tokens_per_second"] for p in rows) / len(rows)
+    ts = sum(p["spec_tokens_per_second"] for p in rows) / len(rows)
+    dec = sum(p["decode_speedup"] or 0 for p in rows) / len(rows)
+    acc = sum(p["acceptance_rate"] for p in rows) / len(rows)
+    ttft = sum(p["spec_ttft_seconds"] / p["plain_ttft_seconds"] for p in rows) / len(rows)
+    host = sum(p["spec_host_ms_per_step"] for p in rows) / len(rows)
+    ident = all(p["identical"] for p in rows)
+    return (f"| {name} | {kind} | {tp:.1f} | {ts:.1f} | {_kind_speedup(res, kind):.2f}x | "
+            f"{dec:.2f}x | {acc:.0%} | {ttft:.2f} | {host:.2f} | {'yes' if ident else 'NO'} |")
+
+
 def summary(report: dict[str, Any]) -> str:
-    lines = ["| target | kind | plain tok/s | spec tok/s | speedup | decode speedup | acceptance "
-             "| TTFT ratio | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | kind | llama-cpp-python tok/s | localspec tok/s | speedup | decode "
+             "speedup | acceptance | TTFT ratio | host ms/step | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in report["greedy"].items():
         for kind in ("code", "prose", "edit"):
             rows = [p for p in res["prompts"] if p["kind"] == kind]
-            if not rows:
-                continue
-            tp = sum(p["plain_tokens_per_second"] for p in rows) / len(rows)
-            ts = sum(p["spec_tokens_per_second"] for p in rows) / len(rows)
-            dec = sum(p["decode_speedup"] for p in rows) / len(rows)
-            acc = sum(p["acceptance_rate"] for p in rows) / len(rows)
-            ttft = sum(p["spec_ttft_seconds"] / p["plain_ttft_seconds"] for p in rows) / len(rows)
-            ident = all(p["identical"] for p in rows)
-            lines.append(f"| {name} | {kind} | {tp:.1f} | {ts:.1f} | "
-                         f"{_kind_speedup(res, kind):.2f}x | {dec:.2f}x | {acc:.0%} | "
-                         f"{ttft:.2f} | {'yes' if ident else 'NO'} |")
+            if rows:
+                lines.append(_row(name, kind, rows, res))
         lines.append(f"| {name} | **all** | {res['plain_tokens_per_second']:.1f} | "
-                     f"{res['spec_tokens_per_second']:.1f} | **{res['speedup']:.2f}x** | | | | "
+                     f"{res['spec_tokens_per_second']:.1f} | **{res['speedup']:.2f}x** | | | | | "
                      f"{'yes' if res['all_identical'] else 'NO'} |")
+    for name, res in report["greedy"].items():
+        lines.append(f"{name}: localspec's plain decoding at {res['engine_plain_vs_baseline']}x "
+                     "llama-cpp-python's tokens/s")
+        if "sweep" in res:
+            sw = res["sweep"]
+            lines.append(f"{name}: auto vs the best fixed K ({sw['k']}): "
+                         f"{sw['auto_vs_best_overall']:.2f}x overall, "
+                         f"{sw['auto_vs_best_min']:.2f}x on the worst prompt")
+        for p in res["prompts"]:
+            if p.get("first_difference"):
+                d = p["first_difference"]
+                lines.append(f"{name} {p['name']}: differs at token {d['position']}, top-2 "
+                             f"margin {d['top2_margin']} (guard {d['tie_margin']}, near tie: "
+                             f"{d['near_tie']})")
     worst = min(p["speedup"] for r in report["greedy"].values() for p in r["prompts"])
-    lines.append(f"\nworst single prompt: {worst:.2f}x")
+    lines.append(f"worst single prompt: {worst:.2f}x")
+    for name, res in report.get("repack_on", {}).items():
+        if isinstance(res, str):
+            lines.append(f"{name} with repacking on: {res}")
+        else:
+            lines.append(f"{name} with repacking on: {res['speedup']:.2f}x, plain "
+                         f"{res['plain_tokens_per_second']:.1f} tok/s")
     if "sampling" in report:
         for rule, res in report["sampling"].items():
-            acc = sum(p["acceptance_rate"] for p in res["prompts"]) / len(res["prompts"])
-            lines.append(f"temperature 0.8, F16, code, {rule}: acceptance {acc:.0%}, "
-                         f"speedup {res['speedup']:.2f}x")
+            for kind in ("code", "prose"):
+                rows = [p for p in res["prompts"] if p["kind"] == kind]
+                acc = sum(p["acceptance_rate"] for p in rows) / len(rows)
+                lines.append(f"temperature 0.8, F16, {kind}, {rule}: acceptance {acc:.0%}, "
+                             f"speedup {_kind_speedup(res, kind):.2f}x over plain sampling")
     if "memory" in report:
         m = report["memory"]
         budget = m["target_alone_mb"] + m["draft_alone_mb"] + 100
