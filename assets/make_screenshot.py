@@ -12,6 +12,7 @@ from pathlib import Path
 from localspec.chat_store import ChatStore
 from localspec.config import Settings, save_settings
 from localspec.engine import ModelSettings
+from localspec.chat_engine import LocalChatEngine
 from localspec.loading import EngineSpec, load_engine
 from localspec.models.library import DefaultLibrary
 from localspec.models.tiny import build_demo_pair
@@ -28,7 +29,8 @@ async def main() -> None:
         spec = EngineSpec(target=str(target), draft=str(draft), pair_name="demo",
                           target_settings=one, draft_settings=one)
         store = ChatStore(Path(tmp) / "chats.sqlite3")
-        app = LocalspecApp(load_engine, SystemMonitor(), store, DefaultLibrary(),
+        app = LocalspecApp(lambda spec: LocalChatEngine(load_engine(spec), spec.display_name),
+                           SystemMonitor(), store, DefaultLibrary(),
                            Settings(max_tokens=120, threads=1), save_settings=save_settings,
                            spec=spec, export_dir=Path(tmp))
         async with app.run_test(size=(130, 38)) as pilot:

@@ -115,7 +115,9 @@ def main() -> int:
         verdict_home = _home(base, None)
         subprocess.run([*CLI, "doctor"], env=verdict_home, stdout=subprocess.DEVNULL)
         verdict = Path(verdict_home["LOCALSPEC_HOME"]) / "cache" / "repack-selftest.json"
-        run = [*CLI, "run", "--target", str(target), "--draft", str(draft), "-n", "1", PROMPT]
+        # --raw: the same prompt tokens as the llama-cpp-python script (no chat template).
+        run = [*CLI, "run", "--target", str(target), "--draft", str(draft), "--raw", "-n", "1",
+               PROMPT]
         llama = [sys.executable, "-c", LLAMA_SCRIPT, str(target), str(draft), PROMPT]
         warm_env = _home(base, verdict)
         _first_byte(run, warm_env)  # fills the caches (and the page cache) once

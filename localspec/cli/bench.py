@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LocalspecError
 from ..options import BENCH_MAX_TOKENS, MAX_K
@@ -18,6 +18,8 @@ from .common import (
     settings_from,
 )
 
+if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
+    from ..engine import SpeculativeEngine
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="speculative vs target alone: tokens/s, speedup, acceptance",
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _baseline_llama(engine: Any) -> Any:
+def _baseline_llama(engine: SpeculativeEngine) -> Any:
     """llama-cpp-python's Llama on the same target file with the same settings."""
     from ..engine.llama_backend import open_llama
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..options import DEMO_MAX_TOKENS
+
+if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
+    from ..engine import SpeculativeEngine
 
 DEMO_PROMPT = "the draft model proposes and the target model checks"
 DEMO_K = 4
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _costs_line(engine: Any) -> str:
+def _costs_line(engine: SpeculativeEngine) -> str:
     """What a (K+1)-token verification costs against a one-token step on this machine."""
     cal = engine.calibration
     if cal is None:

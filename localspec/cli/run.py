@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LocalspecError
 from .common import (
@@ -18,6 +18,8 @@ from .common import (
     stdin_text,
 )
 
+if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
+    from ..engine import SpeculativeEngine
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="generate with a pair: streams the text to stdout",
@@ -116,14 +118,14 @@ def _run_remote(args: argparse.Namespace) -> int:
         return _print_events(events, args, threading.Event())
 
 
-def _describe_load(engine: Any) -> None:
+def _describe_load(engine: SpeculativeEngine) -> None:
     """--verbose: how llama.cpp was set up for each model (once per run)."""
     for role, runner in (("target", engine.target), ("draft", engine.draft)):
         if runner is not None:
             print(f"{role} {runner.path.name}: {runner.repack.describe()}", file=sys.stderr)
 
 
-def _stream(engine: Any, req: Any, args: argparse.Namespace) -> int:
+def _stream(engine: SpeculativeEngine, req: Any, args: argparse.Namespace) -> int:
     cancel = threading.Event()
     return _print_events(engine.stream(req, cancel), args, cancel)
 

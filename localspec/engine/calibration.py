@@ -39,9 +39,10 @@ from .llama_backend import LlamaRunner
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 2
-_WIDTHS = (2, 3, 5, 8, 13)
-_SPAN = 24  # positions compared one token at a time vs in batches
+CALIBRATION_VERSION = 3
+# Widths timed (the cost curve is interpolated between them and refined online as verification
+# runs); the widest sets how many positions are compared one token at a time vs in a batch.
+_WIDTHS = (2, 5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +84,10 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
         # No room to measure: assume verifying costs as much as decoding one by one, so auto
         # does not draft until a later load measures it.
         return Calibration({1: 1.0, 2: 2.0}, 1.0, 0.0, 0.0)
-    # Singles over a stretch longer than one verification: path differences can depend on the
-    # position (seen on a tiny Q4_K model: none before position 33, up to 0.08 logits after),
-    # which is also why the engine keeps a floor under the margin of quantized targets.
-    span = min(max(_SPAN, max(widths)), room)
+    # Path differences can also depend on the position (seen on a tiny Q4_K model: none before
+    # position 33, up to 0.08 logits after), which the engine covers with a floor under the
+    # near-tie margin of quantized targets rather than with a costly longer stretch here.
+    span = max(widths)
     seq, singles, t_single = [start], [], []
     while len(singles) < span:
         t0 = time.perf_counter()
@@ -97,19 +98,14 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
     # The first single decode of a new context allocates graphs: the median ignores it.
     points = {1: float(np.median(t_single[1:] or t_single))}
     drift = 0.0
-    w_max = max(widths)
-    # Every width once (its timing), then the widest batch again at the end of the stretch.
-    for w, offset in [(w, 0) for w in widths] + [(w_max, span - w_max)]:
-        target.truncate(base + offset)
-        if offset == 0:
-            target.decode(seq[:w], w)  # warm-up: a new batch shape allocates a graph
-            target.truncate(base)
+    for w in widths:
+        target.truncate(base)
+        target.decode(seq[:w], w)  # warm-up: a new batch shape allocates a graph
+        target.truncate(base)
         t0 = time.perf_counter()
-        batched = target.decode(seq[offset:offset + w], w)
-        if offset == 0:
-            points[w] = time.perf_counter() - t0
-        drift = max(drift, max(float(np.abs(singles[offset + i] - batched[i]).max())
-                               for i in range(w)))
+        batched = target.decode(seq[:w], w)
+        points[w] = time.perf_counter() - t0
+        drift = max(drift, max(float(np.abs(singles[i] - batched[i]).max()) for i in range(w)))
     target.truncate(base)
     draft_token = 0.0
     if draft is not None:

@@ -128,7 +128,8 @@ class EngineWorker:
         return job
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
-        """Run a short function on the worker thread (between decoding steps)."""
+        """Run a short function on the worker thread, between decoding steps (tokenizing, not
+        generating: a generation in progress holds the engine)."""
         self._check_available()
         fut: Future[T] = Future()
         with self._cv:
@@ -209,14 +210,18 @@ class EngineWorker:
             return
         assert self.engine is not None
         self._current = job
+        stream = self.engine.stream(job.request, job.cancel)
         try:
-            for event in self.engine.stream(job.request, job.cancel):
+            for event in stream:
                 _emit(job, event)
+                if isinstance(event, Finished):
+                    break  # close the stream (and free the engine) before any call runs
                 self._run_calls()  # keep validation of new requests responsive
         except Exception as exc:  # noqa: BLE001 - the client gets it as an error body
             log.debug("generation failed", exc_info=True)
             _emit(job, JobFailed(exc))
         finally:
+            stream.close()
             self._current = None
 
     def _drain_jobs(self) -> None:
