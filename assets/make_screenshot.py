@@ -9,10 +9,10 @@ import asyncio
 import tempfile
 from pathlib import Path
 
+from localspec.chat_engine import LocalChatEngine
 from localspec.chat_store import ChatStore
 from localspec.config import Settings, save_settings
 from localspec.engine import ModelSettings
-from localspec.chat_engine import LocalChatEngine
 from localspec.loading import EngineSpec, load_engine
 from localspec.models.library import DefaultLibrary
 from localspec.models.tiny import build_demo_pair
