@@ -126,18 +126,12 @@ def open_chat_engine(spec: EngineSpec, log_file: Path | None = None) -> ChatEngi
     serves the same files (no second copy in memory), else a private engine process."""
     from dataclasses import replace
 
-    from .engine.gguf_meta import read_gguf_info, validate_pair
-    from .models.names import resolve_model
+    from .loading import resolve_files
     from .remote import RemoteEngine
     from .server import discovery
     from .server.engine_process import ProcessChatEngine, ProcessOptions
 
-    target = resolve_model(spec.target)
-    draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
-    if draft is not None:
-        validate_pair(target, draft)  # a bad file is one line here, not a dead process
-    else:
-        read_gguf_info(target)
+    target, draft = resolve_files(spec)  # a bad file is one line here, not a dead process
     served = discovery.find(target, draft)
     if served is not None:
         return RemoteEngine(served.url, api_key=served.api_key, model=served.model_id,

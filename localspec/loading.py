@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .engine.llama_backend import ModelSettings
 
@@ -41,12 +42,25 @@ def spec_from_pair(pair_name: str, target_settings: ModelSettings = ModelSetting
                       draft_mode=pair.draft_mode)
 
 
-def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
-    """Resolve, validate (files and pair) and load. Returns a SpeculativeEngine."""
-    from .engine import SpeculativeEngine
+def resolve_files(spec: EngineSpec) -> tuple[Path, Path | None]:
+    """The pair's files, validated (each file, and the pair rule) before any llama.cpp sees
+    them: a bad file is one line here, not a crash in a process that loads it."""
+    from .engine.gguf_meta import read_gguf_info, validate_pair
     from .models.names import resolve_model
 
     target = resolve_model(spec.target)
     draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
+    if draft is not None:
+        validate_pair(target, draft)
+    else:
+        read_gguf_info(target)
+    return target, draft
+
+
+def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
+    """Resolve, validate (files and pair) and load. Returns a SpeculativeEngine."""
+    from .engine import SpeculativeEngine
+
+    target, draft = resolve_files(spec)
     log.info("loading target %s, draft %s", target, draft)
     return SpeculativeEngine.load(target, draft, spec.target_settings, spec.draft_settings)

@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..errors import LocalspecError
 from ..options import PARAMS, cli_type
@@ -46,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: the HTTP stack loads only when serving; the models load in the engine process.
     from dataclasses import asdict, replace
 
+    from ..loading import resolve_files
     from ..models.names import display_name
     from ..options import draft_settings
     from ..server import ServerConfig
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     # Before loading: a taken port is reported in a moment, not after the models have loaded,
     # and the port stays ours while they load (the same sockets are served).
     sockets = _listen(args.host, args.port)
-    target, draft_path = _validated_files(spec)
+    target, draft_path = resolve_files(spec)  # a bad file: one line, before any process
     if not _is_loopback(args.host) and not args.api_key:
         print(f"localspec: warning: serving on {args.host} without --api-key: anyone who can "
               "reach this port can use the model", file=sys.stderr)
@@ -99,20 +99,6 @@ def run(args: argparse.Namespace) -> int:
 
             unregister(path)
     return 0
-
-
-def _validated_files(spec: Any) -> tuple[Path, Path | None]:
-    """The pair's files, validated here so a bad file is one line before any process starts."""
-    from ..engine.gguf_meta import read_gguf_info, validate_pair
-    from ..models.names import resolve_model
-
-    target = resolve_model(spec.target)
-    draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
-    if draft is not None:
-        validate_pair(target, draft)
-    else:
-        read_gguf_info(target)
-    return target, draft
 
 
 def _announce(url: str, api_key: str | None, model_id: str, target: Path,

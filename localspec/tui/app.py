@@ -83,7 +83,8 @@ class LocalspecApp(App[int]):
         self.monitor = monitor
         # A damaged history is resolved through a question before anything reads the store
         # (see "damaged chat history" below); ``store`` is set once it is.
-        self.store: ChatStore
+        self.chat = ChatScreen(settings)
+        self._store: ChatStore | None = None
         self.damaged_history: DamagedChatHistory | None = None
         if isinstance(store, DamagedChatHistory):
             self.damaged_history = store
@@ -91,7 +92,7 @@ class LocalspecApp(App[int]):
         else:
             self.store = store
         self.library = library
-        self.settings = settings
+        self._settings = settings
         self._save_settings = save_settings
         self.initial_spec = spec
         self.export_dir = export_dir
@@ -100,7 +101,26 @@ class LocalspecApp(App[int]):
         self._restarting = False
         self.spec: EngineSpec | None = None
         self.last_sample: MachineSample | None = None
-        self.chat = ChatScreen()
+
+    # -- what the chat screen is given (data flows down) ----------------------------------------
+    @property
+    def store(self) -> ChatStore:
+        assert self._store is not None, "the chat history is not open yet"
+        return self._store
+
+    @store.setter
+    def store(self, store: ChatStore) -> None:
+        self._store = store
+        self.chat.store = store
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._settings = settings
+        self.chat.settings = settings
 
     @property
     def pair_name(self) -> str | None:
@@ -247,6 +267,7 @@ class LocalspecApp(App[int]):
             self.chat.action_stop()
         self.engine, self.spec = message.engine, message.spec
         self.chat.engine = message.engine
+        self.chat.pair_name = message.spec.display_name
         self.chat.set_loading(None)
         self.chat.pair_label = _pair_label(message.spec)
         self.chat.set_plain_rate(self.store.latest_rate(message.spec.display_name, "plain"))

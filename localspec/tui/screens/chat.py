@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -17,17 +16,22 @@ from textual.worker import get_current_worker
 
 from ...chat_engine import ChatEngine, ChatOptions
 from ...chat_engine import ChatMessage as Turn
+from ...chat_store import ChatStore
 from ...config import draft_settings, sampling_params
 from ...engine import GenerationStats, TextChunk
 from ...errors import EngineStoppedError
 from ...monitor import MachineSample
-from ..messages import EngineStopped, GenerationFailed, GenerationFinished, TokensArrived
+from ...options import Settings
+from ..messages import (
+    EngineStopped,
+    GenerationFailed,
+    GenerationFinished,
+    TokensArrived,
+    WorkFailed,
+)
 from ..widgets.chat_message import ChatMessage
 from ..widgets.machine_gauge import MachineGauge
 from ..widgets.rate_gauge import RateGauge, RateReading
-
-if TYPE_CHECKING:
-    from ..app import LocalspecApp
 
 # Streamed text is posted every BATCH_TOKENS chunks or BATCH_SECONDS, whichever comes first:
 # one message per token would flood the event loop at a few hundred tokens/s.
@@ -51,7 +55,8 @@ def stats_line(stats: GenerationStats, reason: str, k: int | None) -> str:
 
 
 class ChatScreen(Screen[None]):
-    """Chat with the loaded pair. The app sets ``engine`` and ``pair_label`` (data flows down)."""
+    """Chat with the loaded pair. The app sets ``engine``, ``store``, ``settings``, ``pair_name``
+    and ``pair_label`` (data flows down); errors go up as WorkFailed messages."""
 
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
@@ -65,8 +70,13 @@ class ChatScreen(Screen[None]):
     pair_label: reactive[str] = reactive("no pair loaded — F2 to pick one")
     show_drafted: reactive[bool] = reactive(False)
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings) -> None:
         super().__init__(id="chat-screen")
+        # Set by the app (data flows down): the chat history once it is open, the settings,
+        # and the loaded pair's name.
+        self.store: ChatStore | None = None
+        self.settings = settings
+        self.pair_name: str | None = None
         self.chat_id: int | None = None
         self.generation = 0
         self.generating = False
@@ -79,9 +89,9 @@ class ChatScreen(Screen[None]):
         self.idle = threading.Event()  # set while no generation worker is using the engine
         self.idle.set()
 
-    @property
-    def lsapp(self) -> LocalspecApp:
-        return self.app  # type: ignore[return-value]
+    def _history(self) -> ChatStore:
+        assert self.store is not None, "the app opens the chat history before any chat"
+        return self.store
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -150,7 +160,7 @@ class ChatScreen(Screen[None]):
         if chat_id is None:
             return
         widgets = []
-        for m in self.lsapp.store.messages(chat_id):
+        for m in self._history().messages(chat_id):
             line = m.stats.get("line") if m.stats else None
             w = ChatMessage(m.role, m.content, m.spans, line, self.show_drafted)
             w.message_id = m.id  # type: ignore[attr-defined]
@@ -170,10 +180,10 @@ class ChatScreen(Screen[None]):
             self.notify("Still answering — Esc stops it.", severity="warning")
             return
         event.input.value = ""
-        store = self.lsapp.store
+        store = self._history()
         if self.chat_id is None:
-            chat = store.create_chat(text[:48], self.lsapp.pair_name,
-                                     self.lsapp.settings.system_prompt)
+            chat = store.create_chat(text[:48], self.pair_name,
+                                     self.settings.system_prompt)
             self.chat_id = chat.id
         stored = store.add_message(self.chat_id, "user", text)
         msg = ChatMessage("user", text)
@@ -182,7 +192,7 @@ class ChatScreen(Screen[None]):
         await self._start_generation()
 
     async def _start_generation(self) -> None:
-        settings = self.lsapp.settings
+        settings = self.settings
         history: list[Turn] = []
         if settings.system_prompt:
             history.append({"role": "system", "content": settings.system_prompt})
@@ -268,16 +278,16 @@ class ChatScreen(Screen[None]):
         answer.set_stats(line)
         if self.chat_id is not None:
             stats = {**st.to_json(), "line": line, "finish_reason": fin.finish_reason}
-            stored = self.lsapp.store.add_message(self.chat_id, "assistant", answer.text,
+            stored = self._history().add_message(self.chat_id, "assistant", answer.text,
                                                   answer.spans, stats)
             answer.message_id = stored.id  # type: ignore[attr-defined]
         timed = st.draft_seconds + st.verify_seconds
         plain = self._last_reading.plain_tokens_per_second
-        if st.drafted == 0 and st.lookup_rounds == 0 and self.lsapp.settings.draft_mode == "none":
+        if st.drafted == 0 and st.lookup_rounds == 0 and self.settings.draft_mode == "none":
             # An answer without drafting is a measurement of plain decoding on this pair.
             plain = st.decode_tokens_per_second or st.tokens_per_second
-            if self.lsapp.pair_name:
-                self.lsapp.store.record_rate(self.lsapp.pair_name, "plain", plain)
+            if self.pair_name:
+                self._history().record_rate(self.pair_name, "plain", plain)
         self._set_reading(RateReading(
             tokens_per_second=st.decode_tokens_per_second or st.tokens_per_second,
             acceptance=st.acceptance_rate if st.drafted else None,
@@ -297,7 +307,7 @@ class ChatScreen(Screen[None]):
             # The conversation stays; the app says what happened in one line and restarts.
             self.post_message(EngineStopped(message.error.message))
             return
-        self.lsapp.show_error(message.error)
+        self.post_message(WorkFailed(message.error))
 
     def add_notice(self, text: str) -> None:
         """One line in the conversation that is not part of it (not stored, not sent)."""
@@ -321,7 +331,7 @@ class ChatScreen(Screen[None]):
         if last.role == "assistant":
             mid = getattr(last, "message_id", None)
             if mid is not None:
-                self.lsapp.store.delete_message(mid)
+                self._history().delete_message(mid)
             await last.remove()
         await self._start_generation()
 
