@@ -90,6 +90,11 @@ def main() -> int:
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                               "repeats": args.repeats, "max_tokens": args.max_tokens,
                               "greedy": {}, "repack_on": {}}
+    out = Path(__file__).parent / "results" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+    def save() -> None:  # after every part: a long run cut short keeps what it measured
+        out.write_text(json.dumps(report, indent=2))
+
     for name, file in TARGETS.items():
         if args.only and name not in args.only:
             continue
@@ -97,11 +102,13 @@ def main() -> int:
         report["greedy"][name] = _bench(args.models / file, draft, args,
                                         "--baseline", "llama-cpp-python", "--repack", "off",
                                         *extra)
+        save()
         if name != "F16":  # llama.cpp repacks quantized weights only
             works = _repack_works(args.models / file) and _repack_works(draft)
             report["repack_on"][name] = (_bench(args.models / file, draft, args,
                                                 "--baseline", "llama-cpp-python", "--repack",
                                                 "on") if works else "crashes on this CPU")
+            save()
     f16 = args.models / TARGETS["F16"]
     if not args.skip_sampling:
         sampled = argparse.Namespace(**{**vars(args), "repeats": 2})
@@ -111,10 +118,10 @@ def main() -> int:
                          "--baseline", "engine")
             for rule in ("coupled", "rejection", "match")
         }
+        save()
     if not args.skip_memory:
         report["memory"] = _memory(f16, draft)
-    out = Path(__file__).parent / "results" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(report, indent=2))
+    save()
     print(summary(report))
     print(f"\nfull results: {out}", file=sys.stderr)
     return 0

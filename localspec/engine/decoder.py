@@ -122,6 +122,7 @@ class _Run:
     reason: FinishReason | None = None
     # Set after a near-tie: the next position is decided by a one-token step.
     plain_next: bool = False
+    calibration_decode_seconds: float = 0.0
 
 
 class SpeculativeEngine:
@@ -235,12 +236,15 @@ class SpeculativeEngine:
         if self.calibration is not None:
             return
         t0 = time.perf_counter()
+        decode_before = self._decode_seconds()
         with activity.doing("measuring costs", self.target.path):
             cal = calibration.measure(self.target, self.draft, self.k_max, run.seq[-1])
         self.use_calibration(cal)
         if self._cache_calibration:
             calibration.store(self._calibration_key(), cal)
         run.stats.calibration_seconds += time.perf_counter() - t0
+        # Its decodes are calibration, not generation: host time would go negative otherwise.
+        run.calibration_decode_seconds += self._decode_seconds() - decode_before
 
     # -- prompts ------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -371,7 +375,8 @@ class SpeculativeEngine:
             yield chunk
         controller.end_request()
         run.stats.total_seconds = time.perf_counter() - t_start
-        run.stats.decode_seconds = self._decode_seconds() - decode_before
+        run.stats.decode_seconds = (self._decode_seconds() - decode_before
+                                    - run.calibration_decode_seconds)
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 
