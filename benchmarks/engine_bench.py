@@ -105,9 +105,14 @@ def main() -> int:
         save()
         if name != "F16":  # llama.cpp repacks quantized weights only
             works = _repack_works(args.models / file) and _repack_works(draft)
-            report["repack_on"][name] = (_bench(args.models / file, draft, args,
-                                                "--baseline", "llama-cpp-python", "--repack",
-                                                "on") if works else "crashes on this CPU")
+            try:
+                report["repack_on"][name] = (_bench(args.models / file, draft, args,
+                                                    "--baseline", "llama-cpp-python",
+                                                    "--repack", "on")
+                                             if works else "crashes on this CPU")
+            except subprocess.CalledProcessError as exc:  # a short run passed, the bench did not
+                last = (exc.stderr or "").strip().splitlines()[-1:] or [f"exit {exc.returncode}"]
+                report["repack_on"][name] = f"crashes on this CPU: {last[0]}"
             save()
     f16 = args.models / TARGETS["F16"]
     if not args.skip_sampling:

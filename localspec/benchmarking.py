@@ -82,7 +82,8 @@ class BenchConfig:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    tokens: tuple[int, ...]
+    # Token ids; a server's run has only its text (compared whole, no token positions).
+    tokens: tuple[int, ...] | str
     stats: GenerationStats
 
 
@@ -128,6 +129,9 @@ class LlamaCppPythonContender:
         greedy = sp.greedy
         stats = GenerationStats(prompt_tokens=len(prompt))
         out: list[int] = []
+        # Llama.generate(reset=True) still reuses the longest cached prefix: without this every
+        # repeat after the first would skip its prompt, unlike the engine's runs.
+        self.llm.reset()
         t0 = time.perf_counter()
         for tok in self.llm.generate(list(prompt), reset=True, temp=0.0 if greedy else
                                      sp.temperature, top_k=1 if greedy else sp.top_k,
@@ -232,10 +236,10 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
                 res.add(c.name, c.run(tokens))
                 if on_step:
                     on_step(f"{prompt.name}: {c.name}")
-        if cfg.sampling.greedy and not res.identical(baseline, "speculative"):
-            res.first_difference = first_difference(
-                engine, tokens, res.runs[baseline][-1].tokens, res.runs["speculative"][-1].tokens,
-                cfg.sampling)
+        alone, fast = res.runs[baseline][-1].tokens, res.runs["speculative"][-1].tokens
+        if cfg.sampling.greedy and not isinstance(alone, str) and not isinstance(fast, str) \
+                and not res.identical(baseline, "speculative"):
+            res.first_difference = first_difference(engine, tokens, alone, fast, cfg.sampling)
         results.append(res)
     return summarize(results, cfg, baseline, sweep_names)
 
@@ -328,7 +332,7 @@ def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> RunResult
               else remote.stream_chat([{"role": "user", "content": prompt.text}], options))
     for event in events:
         if isinstance(event, Finished):
-            return RunResult(tuple(event.text), event.stats)  # text as the identity key
+            return RunResult(event.text, event.stats)
     raise AssertionError("remote stream ended without a final event")  # pragma: no cover
 
 

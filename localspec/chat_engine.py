@@ -102,7 +102,8 @@ class LocalChatEngine:
 
     def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,
                     cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
-        prompt = self.engine.chat_prompt([dict(m) for m in messages])
+        prompt = self.engine.chat_prompt([{"role": m["role"], "content": m["content"]}
+                                          for m in messages])
         tokens = self.engine.tokenize(prompt, chat=True)
         return self.engine.stream(self._request(tokens, options), cancel)
 

@@ -184,3 +184,29 @@ def test_calibration_is_measured_after_the_first_token_and_cached(
         assert eng.calibration is not None  # from the cache
     with SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=512)) as eng:
         assert eng.calibration is None  # other settings: measured anew
+
+
+def test_llama_cpp_python_baseline_pays_its_prompt_every_run(target_gguf: Path) -> None:
+    """bench's "target alone" processes the whole prompt on every repeat, as the engine does:
+    Llama.generate(reset=True) would otherwise reuse the prompt cached by the previous run."""
+    from localspec.benchmarking import BenchConfig, LlamaCppPythonContender
+
+    llm = open_llama(target_gguf, ModelSettings(n_ctx=512))
+    evaluated: list[int] = []
+    real_eval = llm.eval
+
+    def counting_eval(tokens: list[int]) -> None:  # a spy: the real eval still runs
+        evaluated.append(len(tokens))
+        real_eval(tokens)
+
+    llm.eval = counting_eval
+    try:
+        contender = LlamaCppPythonContender(llm, BenchConfig(max_tokens=4), frozenset())
+        prompt = tuple(llm.tokenize(PROMPTS[0].encode()))
+        first = contender.run(prompt)
+        evaluated.clear()
+        again = contender.run(prompt)
+        assert evaluated[0] == len(prompt)  # the whole prompt, not its last token
+        assert again.tokens == first.tokens
+    finally:
+        llm.close()

@@ -88,7 +88,9 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
     # position 33, up to 0.08 logits after), which the engine covers with a floor under the
     # near-tie margin of quantized targets rather than with a costly longer stretch here.
     span = max(widths)
-    seq, singles, t_single = [start], [], []
+    seq: list[int] = [start]
+    singles: list[np.ndarray] = []
+    t_single: list[float] = []
     while len(singles) < span:
         t0 = time.perf_counter()
         logits = target.decode([seq[-1]], 1)[0]

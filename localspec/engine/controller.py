@@ -32,6 +32,9 @@ class CostModel:
     target: list[float]
     draft_token: float
     smoothing: float = 0.25
+    # Seconds per token when the draft catches up, in one batch, on tokens it skipped while the
+    # target decoded alone; 0 until observed (then estimated from the target's batched curve).
+    catch_up_token: float = 0.0
 
     @classmethod
     def from_measurements(cls, points: dict[int, float], k_max: int, draft: float) -> CostModel:
@@ -63,6 +66,22 @@ class CostModel:
 
     def observe_draft(self, per_token: float) -> None:
         self.draft_token += self.smoothing * (per_token - self.draft_token)
+
+    def catch_up(self, n: int) -> float:
+        """Seconds for the draft to process ``n`` skipped tokens before it can draft."""
+        if n <= 1:
+            return 0.0
+        per = self.catch_up_token
+        if per <= 0:  # a batched token costs the draft what it costs the target, relatively
+            widest = len(self.target) - 1
+            per = self.draft_token * self.target[widest] / (widest * self.target[1])
+        return n * per
+
+    def observe_catch_up(self, n: int, seconds: float) -> None:
+        if n > 1:
+            per = seconds / n
+            self.catch_up_token = per if self.catch_up_token <= 0 else (
+                self.catch_up_token + self.smoothing * (per - self.catch_up_token))
 
 
 MAX_DEPTH = 33  # drafts are at most 32 tokens
@@ -298,14 +317,19 @@ class DraftController:
         if self._peeking:  # the peeked draft was not worth verifying
             self.observe_peek(0)
 
-    def should_peek(self, room: int) -> bool:
+    def should_peek(self, room: int, behind: int = 0, remaining: int | None = None) -> bool:
         """Time for a cheap look at whether the draft model has become worth it again: only
         where near-perfect acceptance would pay for drafting at all (never on a compute-bound
-        target, where every look would be a loss)."""
+        target, where every look would be a loss), and would repay, over the ``remaining``
+        tokens, the draft's catching up on the ``behind`` tokens it skipped."""
         if self._plain_streak < self._peek_interval or room <= 0:
             return False
         _, best = self._constant_rate(0.95, room, self.costs.draft_token)
-        return best > self.MARGIN * self.plain_rate()
+        plain = self.plain_rate()
+        if best <= self.MARGIN * plain:
+            return False
+        saved = (room if remaining is None else remaining) * (1 / plain - 1 / best)
+        return saved > self.costs.catch_up(behind)
 
     def start_peek(self) -> None:
         """The coming draft is a peek; its outcome (observe*) sets when to look next."""

@@ -6,7 +6,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -283,7 +283,7 @@ class SpeculativeEngine:
         raise AssertionError("stream ended without Finished")  # pragma: no cover
 
     def stream(self, req: GenerationRequest,
-               cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
+               cancel: threading.Event | None = None) -> Generator[StreamEvent, None, None]:
         """Yield text chunks as tokens are accepted, then one ``Finished``."""
         req.sampling.validate()
         req.draft.validate(self.draft is not None)
@@ -459,13 +459,16 @@ class SpeculativeEngine:
                 return cand
         assert self._drafter is not None
         if not controller.model_worth_trying(cap):
-            if ds.k is not None or not controller.should_peek(cap):
+            if ds.k is not None or not controller.should_peek(
+                    cap, self._drafter.behind(run.seq), room):
                 return Proposal(source="none")
             controller.start_peek()
         prop = self._drafter.propose(run.seq, cap, self._draft_pick(run), controller.keep_going)
         run.stats.draft_seconds += prop.seconds
         if prop.step_seconds:
             self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
+        self._costs.observe_catch_up(prop.catch_up_tokens,
+                                     prop.seconds - sum(prop.step_seconds))
         prop.truncate(controller.trim(prop, prop.seconds))
         return prop
 

@@ -98,6 +98,10 @@ class ModelDrafter:
     def __init__(self, runner: LlamaRunner) -> None:
         self.runner = runner
 
+    def behind(self, seq: Sequence[int]) -> int:
+        """Tokens of ``seq`` the draft has not processed (it follows the target lazily)."""
+        return len(seq) - self.runner.common_prefix(seq)
+
     def propose(self, seq: Sequence[int], max_k: int, pick: Pick,
                 keep_going: KeepGoing) -> Proposal:
         """Draft up to ``max_k`` tokens after ``seq``; ``pick`` turns the draft's logits at the
@@ -106,7 +110,7 @@ class ModelDrafter:
         if max_k <= 0:
             return prop
         t0 = time.perf_counter()
-        prop.catch_up_tokens = len(seq) - self.runner.common_prefix(seq)
+        prop.catch_up_tokens = self.behind(seq)
         activity.report("drafting", self.runner.path)
         logits = self.runner.sync(seq, 1)[0]
         history = list(seq)

@@ -111,8 +111,11 @@ class GenerationStats:
         for k, n in (data.get("k_counts") or {}).items():
             if str(k).isdigit() and isinstance(n, int):
                 k_counts[int(k)] = n
-        policy = data.get("policy") if isinstance(data.get("policy"), str) else ""
-        return cls(**counters, **timers, k_counts=k_counts, policy=policy)
+        policy = data.get("policy")
+        stats = cls(k_counts=k_counts, policy=policy if isinstance(policy, str) else "")
+        for name, value in {**counters, **timers}.items():
+            setattr(stats, name, value)
+        return stats
 
     def summary(self) -> str:
         """One human line, for --verbose and the TUI's status."""

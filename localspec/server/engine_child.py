@@ -5,6 +5,7 @@ unix socket, reporting what its engine is doing into the shared activity board."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -46,9 +47,9 @@ def main(argv: list[str]) -> int:
                           api_key=os.environ.pop(KEY_ENV, None),
                           queue_size=opts.queue_size, max_tokens_limit=opts.max_tokens_limit,
                           max_body_bytes=opts.max_body_bytes,
-                          draft=DraftSettings(**opts.draft),
-                          **({"default_max_tokens": opts.default_max_tokens}
-                             if opts.default_max_tokens else {}))
+                          draft=DraftSettings(**opts.draft))
+    if opts.default_max_tokens:
+        server = dataclasses.replace(server, default_max_tokens=opts.default_max_tokens)
     app = create_app(lambda: load_engine(spec), server)
     uvicorn.Server(uvicorn.Config(app, uds=args.socket, log_level="warning",
                                   timeout_graceful_shutdown=5)).run()

@@ -210,7 +210,7 @@ class LocalspecApp(App[int]):
             return
         self._restarting = True
         self.chat.add_notice(f"{message.reason}; restarting")
-        self.chat.set_loading("restarting the engine…")
+        self.chat.show_loading("restarting the engine…")
         self._restart(self.engine)
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -224,7 +224,7 @@ class LocalspecApp(App[int]):
 
     def on_engine_restarted(self, message: EngineRestarted) -> None:
         self._restarting = False
-        self.chat.set_loading(None)
+        self.chat.show_loading(None)
         if self.spec is not None:
             self.chat.pair_label = _pair_label(self.spec)
         if message.error is not None:
@@ -248,7 +248,7 @@ class LocalspecApp(App[int]):
 
     def load(self, spec: EngineSpec) -> None:
         """Load a pair in a worker; the chat keeps working with the old one until it is ready."""
-        self.chat.set_loading(f"loading {spec.display_name}…")
+        self.chat.show_loading(f"loading {spec.display_name}…")
         self._load(spec)
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -268,7 +268,7 @@ class LocalspecApp(App[int]):
         self.engine, self.spec = message.engine, message.spec
         self.chat.engine = message.engine
         self.chat.pair_name = message.spec.display_name
-        self.chat.set_loading(None)
+        self.chat.show_loading(None)
         self.chat.pair_label = _pair_label(message.spec)
         self.chat.set_plain_rate(self.store.latest_rate(message.spec.display_name, "plain"))
         self.sub_title = message.spec.display_name
@@ -282,7 +282,7 @@ class LocalspecApp(App[int]):
                                 quiet=True)
 
     def on_model_load_failed(self, message: ModelLoadFailed) -> None:
-        self.chat.set_loading(None)
+        self.chat.show_loading(None)
         self.chat.pair_label = (_pair_label(self.spec) if self.spec is not None
                                 else "no pair loaded — F2 to pick one")
         self.show_error(message.error)

@@ -120,7 +120,7 @@ class ChatScreen(Screen[None]):
         if self.is_mounted:
             self.query_one("#pair-label", Static).update(label)
 
-    def set_loading(self, label: str | None) -> None:
+    def show_loading(self, label: str | None) -> None:
         """Show (label) or hide (None) the loading indicator."""
         self.query_one("#loading", ProgressBar).display = label is not None
         if label is not None:
