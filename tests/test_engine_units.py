@@ -199,15 +199,15 @@ def test_peek_repays_the_drafts_catching_up() -> None:
     cpu = _controller(t1=0.09, per_extra=0.034, draft=0.027)
     for _ in range(200):
         cpu.observe_plain_step()
-    assert cpu.should_peek(room=8, behind=1, remaining=100)
-    assert not cpu.should_peek(room=8, behind=150, remaining=100)
+    assert cpu.should_peek(room=8, behind=lambda: 1, remaining=100)
+    assert not cpu.should_peek(room=8, behind=lambda: 150, remaining=100)
     cpu.costs.observe_catch_up(150, 150 * 0.0001)  # measured: catching up is nearly free
-    assert cpu.should_peek(room=8, behind=150, remaining=100)
+    assert cpu.should_peek(room=8, behind=lambda: 150, remaining=100)
     # GPU-like: verification nearly free, the draft fast: the same look is worth it.
     gpu = _controller(t1=0.007, per_extra=0.0002, draft=0.001)
     for _ in range(200):
         gpu.observe_plain_step()
-    assert gpu.should_peek(room=8, behind=150, remaining=100)
+    assert gpu.should_peek(room=8, behind=lambda: 150, remaining=100)
 
 
 def test_acceptance_carries_over_between_requests() -> None:

@@ -10,6 +10,7 @@ argument applied one token at a time); zero drafted tokens, plain decoding, is a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .drafters import Proposal
@@ -317,11 +318,13 @@ class DraftController:
         if self._peeking:  # the peeked draft was not worth verifying
             self.observe_peek(0)
 
-    def should_peek(self, room: int, behind: int = 0, remaining: int | None = None) -> bool:
+    def should_peek(self, room: int, behind: Callable[[], int] = lambda: 0,
+                    remaining: int | None = None) -> bool:
         """Time for a cheap look at whether the draft model has become worth it again: only
         where near-perfect acceptance would pay for drafting at all (never on a compute-bound
         target, where every look would be a loss), and would repay, over the ``remaining``
-        tokens, the draft's catching up on the ``behind`` tokens it skipped."""
+        tokens, the draft's catching up on the tokens it skipped (``behind()``: counted only
+        when a peek is otherwise due, since counting walks the whole sequence)."""
         if self._plain_streak < self._peek_interval or room <= 0:
             return False
         _, best = self._constant_rate(0.95, room, self.costs.draft_token)
@@ -329,7 +332,7 @@ class DraftController:
         if best <= self.MARGIN * plain:
             return False
         saved = (room if remaining is None else remaining) * (1 / plain - 1 / best)
-        return saved > self.costs.catch_up(behind)
+        return saved > self.costs.catch_up(behind())
 
     def start_peek(self) -> None:
         """The coming draft is a peek; its outcome (observe*) sets when to look next."""

@@ -459,8 +459,9 @@ class SpeculativeEngine:
                 return cand
         assert self._drafter is not None
         if not controller.model_worth_trying(cap):
+            drafter = self._drafter
             if ds.k is not None or not controller.should_peek(
-                    cap, self._drafter.behind(run.seq), room):
+                    cap, lambda: drafter.behind(run.seq), room):
                 return Proposal(source="none")
             controller.start_peek()
         prop = self._drafter.propose(run.seq, cap, self._draft_pick(run), controller.keep_going)
