@@ -114,7 +114,8 @@ def test_rollback_over_long_generation_past_n_batch(pair: tuple[Path, Path]) -> 
             spec = run(eng, long_prompt, mode="model", k=k, max_tokens=300)
             assert spec.stats.completion_tokens == 300
             assert spec.tokens == plain.tokens
-            assert spec.stats.drafted > spec.stats.accepted  # rejections happened: rollbacks
+            if k is not None:  # whether auto drafts at all depends on this machine's timings
+                assert spec.stats.drafted > spec.stats.accepted  # rejections: rollbacks
 
 
 def test_requests_in_sequence_do_not_leak_state(engine: SpeculativeEngine,

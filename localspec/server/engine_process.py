@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 
 KEY_ENV = "LOCALSPEC_ENGINE_KEY"
 
+# How long a broken connection waits for the engine's exit to become visible before it is
+# reported as a plain failure: the wait ends as soon as the exit is seen, and a loaded machine
+# (CI, 2 cores) has been seen to take over 2 s to reap a crashed engine.
+END_GRACE_SECONDS = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessEnd:
@@ -247,7 +252,7 @@ class ProcessChatEngine:
                 raise EngineStoppedError(f"engine stopped: {end.describe()}") from exc
             raise
 
-    def _wait_end(self, grace: float = 2.0) -> ProcessEnd | None:
+    def _wait_end(self, grace: float = END_GRACE_SECONDS) -> ProcessEnd | None:
         """The process's end, if it died (a broken stream can arrive just before the exit)."""
         deadline = time.monotonic() + grace
         while (end := self._process.end()) is None and time.monotonic() < deadline:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import LocalspecError
-from .engine_process import EngineProcess, ProcessEnd
+from .engine_process import END_GRACE_SECONDS, EngineProcess, ProcessEnd
 from .openai_schema import error_body, sse
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
 
     async def stopped_during(request_path: str) -> str:
         # A broken connection can arrive just before the process exit is visible.
-        for _ in range(40):
+        for _ in range(int(END_GRACE_SECONDS / 0.05)):
             end = process.end()
             if end is not None:
                 sup.last_end, sup.state = end, "restarting"  # the supervisor restarts it
