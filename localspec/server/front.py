@@ -115,14 +115,14 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
         return JSONResponse(error_body(message, "server_error", code="unavailable"),
                             status_code=503, headers={"Retry-After": "2"})
 
-    async def stopped_during(request_path: str) -> str:
-        # A broken connection can arrive just before the process exit is visible.
+    async def stopped_during(request_path: str, restarts_before: int) -> str:
+        # The supervisor alone watches the process: a broken connection can arrive before it
+        # has seen the exit, or after it has already started the next engine (whose end() is
+        # None), so the question is whether an end was recorded since the request began.
         for _ in range(int(END_GRACE_SECONDS / 0.05)):
-            end = process.end()
-            if end is not None:
-                sup.last_end, sup.state = end, "restarting"  # the supervisor restarts it
-                return f"the engine stopped ({end.describe()}) while answering; it restarts " \
-                       "by itself: retry shortly"
+            if sup.restarts != restarts_before and sup.last_end is not None:
+                return f"the engine stopped ({sup.last_end.describe()}) while answering; it " \
+                       "restarts by itself: retry shortly"
             await asyncio.sleep(0.05)
         return f"the engine did not answer {request_path}"
 
@@ -137,6 +137,7 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
         if sup.state != "ok":
             return unavailable()
+        restarts_before = sup.restarts
         try:
             body = await _read(request, max_body_bytes)
         except ClientDisconnect:
@@ -154,7 +155,7 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
         try:
             upstream = await client.send(upstream_request, stream=True)
         except httpx.HTTPError:
-            message = await stopped_during(request.url.path)
+            message = await stopped_during(request.url.path, restarts_before)
             return JSONResponse(error_body(message, "server_error", code="engine_stopped"),
                                 status_code=503, headers={"Retry-After": "2"})
         streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
@@ -164,7 +165,7 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
                 async for piece in upstream.aiter_raw():
                     yield piece
             except httpx.HTTPError:
-                message = await stopped_during(request.url.path)
+                message = await stopped_during(request.url.path, restarts_before)
                 if streaming:  # the status line is gone: the error goes in the stream
                     yield sse(error_body(message, "server_error", code="engine_stopped"))
                     yield sse("[DONE]")
