@@ -267,6 +267,7 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "mean_accepted_length": round(m("speculative", "mean_accepted_length"), 3),
         "mean_k": round(m("speculative", "mean_k"), 3),
         "spec_host_ms_per_step": round(m("speculative", "host_ms_per_step"), 4),
+        "spec_host_ms_per_decode": round(m("speculative", "host_ms_per_decode"), 4),
         "engine_plain_tokens_per_second": round(m("plain", "tokens_per_second"), 3),
         "engine_plain_host_ms_per_step": round(m("plain", "host_ms_per_step"), 4),
         "policy": r.runs["speculative"][-1].stats.policy,
@@ -365,7 +366,8 @@ def run_remote_bench(remote: Any, prompts: Sequence[BenchPrompt], cfg: BenchConf
     out["draft_mode"] = out["k"] = "server's"
     for p in out["prompts"]:
         for key in ("engine_plain_vs_baseline", "engine_plain_tokens_per_second",
-                    "engine_plain_host_ms_per_step", "spec_host_ms_per_step", "policy"):
+                    "engine_plain_host_ms_per_step", "spec_host_ms_per_step",
+                    "spec_host_ms_per_decode", "policy"):
             p.pop(key, None)
     if baseline is None:  # nothing to compare against: no ratio rather than a made-up 1.0
         out["speedup"] = None

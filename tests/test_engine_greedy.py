@@ -72,6 +72,10 @@ def test_speculation_actually_happened(f32_engine: SpeculativeEngine) -> None:
     # Fewer target passes than tokens is the whole point of speculation.
     assert s.target_passes < s.completion_tokens
     assert s.k_counts[4] > 0
+    # One llama_decode per target pass and per drafted token (a round's first draft step
+    # also catches the draft up): what host time per model step is divided by.
+    assert s.decode_calls == s.target_passes + s.drafted
+    assert s.host_ms_per_decode < s.host_ms_per_step
 
 
 @pytest.mark.parametrize("k", [None, 2, 6])

@@ -220,3 +220,28 @@ def test_acceptance_carries_over_between_requests() -> None:
     second = DraftController(first.costs, 8, model_acc=shared)
     # Starts from what the first request learned (the default prior is 0.6).
     assert second.model_acc.rate < 0.5
+
+
+def test_top_k_ids_finds_the_k_largest_without_a_full_partition() -> None:
+    """The band search returns exactly the top-k set on peaked, ordinary and flat logits."""
+    from localspec.engine.sampling import _top_k_ids
+
+    rng = np.random.default_rng(11)
+    for scale, peak in ((2.5, 9.0), (1.0, 0.0), (0.001, 0.0), (30.0, 40.0)):
+        x = (rng.standard_normal(151_936) * scale).astype(np.float32)
+        x[rng.integers(0, x.size, 5)] += peak
+        for k in (1, 40, 300):
+            got = np.sort(_top_k_ids(x, float(x.max()), k))
+            want = np.sort(np.argsort(-x, kind="stable")[:k])
+            assert got.size == k
+            assert np.array_equal(np.sort(x[got]), np.sort(x[want])), (scale, k)
+
+
+def test_confidence_is_the_top_probability() -> None:
+    from localspec.engine.sampling import confidence
+
+    x = np.full(151_936, -30.0, dtype=np.float32)
+    x[[3, 9]] = [2.0, 2.0 - np.log(3.0)]  # p(top) = 3/4 up to the far tail
+    assert abs(confidence(x) - 0.75) < 1e-3
+    x[9] = -8.5  # more than 10 logits below: left out, as documented
+    assert confidence(x) == 1.0

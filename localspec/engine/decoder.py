@@ -123,6 +123,7 @@ class _Run:
     # Set after a near-tie: the next position is decided by a one-token step.
     plain_next: bool = False
     calibration_decode_seconds: float = 0.0
+    calibration_decode_calls: int = 0
 
 
 class SpeculativeEngine:
@@ -237,6 +238,7 @@ class SpeculativeEngine:
             return
         t0 = time.perf_counter()
         decode_before = self._decode_seconds()
+        calls_before = self._decode_calls()
         with activity.doing("measuring costs", self.target.path):
             cal = calibration.measure(self.target, self.draft, self.k_max, run.seq[-1])
         self.use_calibration(cal)
@@ -245,6 +247,7 @@ class SpeculativeEngine:
         run.stats.calibration_seconds += time.perf_counter() - t0
         # Its decodes are calibration, not generation: host time would go negative otherwise.
         run.calibration_decode_seconds += self._decode_seconds() - decode_before
+        run.calibration_decode_calls += self._decode_calls() - calls_before
 
     # -- prompts ------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -320,6 +323,7 @@ class SpeculativeEngine:
                 "shorten it or raise --ctx")
         run = self._new_run(req)
         decode_before = self._decode_seconds()
+        calls_before = self._decode_calls()
 
         t0 = time.perf_counter()
         activity.report("processing the prompt", self.target.path)
@@ -377,11 +381,16 @@ class SpeculativeEngine:
         run.stats.total_seconds = time.perf_counter() - t_start
         run.stats.decode_seconds = (self._decode_seconds() - decode_before
                                     - run.calibration_decode_seconds)
+        run.stats.decode_calls = (self._decode_calls() - calls_before
+                                  - run.calibration_decode_calls)
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 
     def _decode_seconds(self) -> float:
         return self.target.decode_seconds + (self.draft.decode_seconds if self.draft else 0.0)
+
+    def _decode_calls(self) -> int:
+        return self.target.decode_calls + (self.draft.decode_calls if self.draft else 0)
 
     def _decide_policy(self, run: _Run, controller: DraftController) -> None:
         """Whether this request speculates, and why (shown by --verbose and the chat app)."""

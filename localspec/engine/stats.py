@@ -27,6 +27,8 @@ class GenerationStats:
     total_seconds: float = 0.0
     # Time inside llama_decode (target and draft): the rest of total_seconds is host overhead.
     decode_seconds: float = 0.0
+    # llama_decode calls (target passes, the draft's steps and catch-ups), calibration excluded.
+    decode_calls: int = 0
     calibration_seconds: float = 0.0
     # Why the request drafted as it did (auto's reasoning from the measured costs).
     policy: str = ""
@@ -55,6 +57,13 @@ class GenerationStats:
         text assembly): what a fast GPU exposes. Calibration is not counted."""
         host = self.total_seconds - self.decode_seconds - self.calibration_seconds
         return 1000.0 * host / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def host_ms_per_decode(self) -> float:
+        """The same host time per model step (any llama_decode call, draft or target): while
+        drafting, one target pass also carries the draft's K steps and their picks."""
+        host = self.total_seconds - self.decode_seconds - self.calibration_seconds
+        return 1000.0 * host / self.decode_calls if self.decode_calls else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -89,7 +98,9 @@ class GenerationStats:
             "total_seconds": round(self.total_seconds, 4),
             "decode_seconds": round(self.decode_seconds, 4),
             "calibration_seconds": round(self.calibration_seconds, 4),
+            "decode_calls": self.decode_calls,
             "host_ms_per_step": round(self.host_ms_per_step, 4),
+            "host_ms_per_decode": round(self.host_ms_per_decode, 4),
             "policy": self.policy,
             "tokens_per_second": round(self.tokens_per_second, 3),
             "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
@@ -101,7 +112,7 @@ class GenerationStats:
         are recomputed, unknown keys ignored, missing ones zero."""
         counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
-                                         "lookup_rounds") if isinstance(data.get(f), int)}
+                                         "lookup_rounds", "decode_calls") if isinstance(data.get(f), int)}
         timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
                                               "verify_seconds", "sample_seconds",
                                               "ttft_seconds", "total_seconds", "decode_seconds",
@@ -126,7 +137,8 @@ class GenerationStats:
             f"{self.accepted} ({self.acceptance_rate:.0%}), mean accepted length "
             f"{self.mean_accepted_length:.2f}, mean K {self.mean_k:.2f}, "
             f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s / "
-            f"sampling {self.sample_seconds:.2f}s, host {self.host_ms_per_step:.2f} ms/step"
+            f"sampling {self.sample_seconds:.2f}s, host {self.host_ms_per_step:.2f} ms/step "
+            f"({self.host_ms_per_decode:.2f} ms/model step)"
             + (f"; this machine's costs measured in {self.calibration_seconds:.2f}s (once, "
                "then cached)" if self.calibration_seconds else "")
         )
