@@ -142,7 +142,8 @@ def _row(name: str, kind: str, rows: list[dict[str, Any]], res: dict[str, Any]) 
     per_decode = sum(p.get("spec_host_ms_per_decode", 0.0) for p in rows) / len(rows)
     ident = all(p["identical"] for p in rows)
     return (f"| {name} | {kind} | {tp:.1f} | {ts:.1f} | {_kind_speedup(res, kind):.2f}x | "
-            f"{dec:.2f}x | {acc:.0%} | {ttft:.2f} | {host:.2f} ({per_decode:.2f}) | {'yes' if ident else 'NO'} |")
+            f"{dec:.2f}x | {acc:.0%} | {ttft:.2f} | {host:.2f} ({per_decode:.2f}) | "
+            f"{'yes' if ident else 'NO'} |")
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -112,7 +112,8 @@ class GenerationStats:
         are recomputed, unknown keys ignored, missing ones zero."""
         counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
-                                         "lookup_rounds", "decode_calls") if isinstance(data.get(f), int)}
+                                         "lookup_rounds", "decode_calls")
+                    if isinstance(data.get(f), int)}
         timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
                                               "verify_seconds", "sample_seconds",
                                               "ttft_seconds", "total_seconds", "decode_seconds",
