@@ -266,8 +266,10 @@ class LlamaRunner:
         n = min(len(toks), len(seq))
         head = max(0, n - _TAIL)
         start = 0
-        if head and toks[:head] == list(seq[:head]):
-            start = head
+        if head:
+            seq_head = seq[:head]  # a list already when seq is one: no second copy
+            if toks[:head] == (seq_head if isinstance(seq_head, list) else list(seq_head)):
+                start = head
         for i in range(start, n):
             if toks[i] != seq[i]:
                 return i

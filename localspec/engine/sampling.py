@@ -167,15 +167,15 @@ def candidates(logits: np.ndarray, history: Sequence[int], p: SamplingParams) ->
         above = vals >= floor
         ids, vals = ids[above], vals[above]
     else:
+        if p.top_p < 1.0:
+            band_ids = _ids_at_least(x, best - _BAND)
+            total = float(np.exp(x[band_ids] - np.float32(best)).sum(dtype=np.float64))
         if floor >= best - _BAND:
             ids = _ids_at_least(x, floor)
         elif p.top_p < 1.0:
-            ids = _ids_at_least(x, best - _BAND)  # _top_p sorts everything if this is short
+            ids = band_ids  # _top_p sorts everything if this is short
         else:
             ids = np.arange(n)
-        if p.top_p < 1.0:
-            band = x[_at_least(x, best - _BAND)]
-            total = float(np.exp(band - np.float32(best)).sum(dtype=np.float64))
         vals = x[ids].astype(np.float64)
     order = np.argsort(-vals, kind="stable")
     ids, vals = ids[order], vals[order]
@@ -194,7 +194,8 @@ _BAND = 24.0
 def _top_p(x: np.ndarray, ids: np.ndarray, vals: np.ndarray, best: float, total: float,
            top_k: int, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """Keep the shortest best-first prefix whose probability (at temperature 1, ``total`` being
-    the mass of what top-k kept, or of the whole vocabulary without top-k) reaches ``top_p``."""
+    the mass of what top-k kept, or without top-k of the tokens within _BAND of the best) reaches
+    ``top_p``."""
     cdf = np.cumsum(np.exp(vals - best)) / total
     cut = int(np.searchsorted(cdf, p.top_p) + 1)
     if cut > ids.size and ids.size < x.shape[0] and p.min_p <= 0.0 and not top_k:

@@ -52,18 +52,21 @@ class GenerationStats:
         return sum(k * c for k, c in self.k_counts.items()) / n if n else 0.0
 
     @property
+    def host_seconds(self) -> float:
+        """Time outside llama_decode (sampling, drafting logic, text), calibration excluded."""
+        return self.total_seconds - self.decode_seconds - self.calibration_seconds
+
+    @property
     def host_ms_per_step(self) -> float:
         """Milliseconds per target pass spent outside llama_decode (sampling, drafting logic,
         text assembly): what a fast GPU exposes. Calibration is not counted."""
-        host = self.total_seconds - self.decode_seconds - self.calibration_seconds
-        return 1000.0 * host / self.target_passes if self.target_passes else 0.0
+        return 1000.0 * self.host_seconds / self.target_passes if self.target_passes else 0.0
 
     @property
     def host_ms_per_decode(self) -> float:
         """The same host time per model step (any llama_decode call, draft or target): while
         drafting, one target pass also carries the draft's K steps and their picks."""
-        host = self.total_seconds - self.decode_seconds - self.calibration_seconds
-        return 1000.0 * host / self.decode_calls if self.decode_calls else 0.0
+        return 1000.0 * self.host_seconds / self.decode_calls if self.decode_calls else 0.0
 
     @property
     def tokens_per_second(self) -> float:
