@@ -97,20 +97,27 @@ class Contender(Protocol):
 
 @dataclass(slots=True)
 class EngineContender:
-    """The engine with some draft settings (drafting off: the engine's own plain decoding)."""
+    """The engine with some draft settings (drafting off: the engine's own plain decoding).
+
+    ``apart``: what its runs see is not learned by the others (the K sweep's runs)."""
 
     name: str
     engine: SpeculativeEngine
     cfg: BenchConfig
     draft: DraftSettings
+    apart: bool = False
 
     def run(self, prompt: tuple[int, ...]) -> RunResult:
         self.engine.target.reset()  # no prefix reuse between runs: each pays its prompt
         if self.engine.draft is not None:
             self.engine.draft.reset()
-        done = self.engine.generate(GenerationRequest(
-            prompt_tokens=prompt, max_tokens=self.cfg.max_tokens, sampling=self.cfg.sampling,
-            draft=self.draft))
+        req = GenerationRequest(prompt_tokens=prompt, max_tokens=self.cfg.max_tokens,
+                                sampling=self.cfg.sampling, draft=self.draft)
+        if self.apart:
+            with self.engine.separate_learning():
+                done = self.engine.generate(req)
+        else:
+            done = self.engine.generate(req)
         return RunResult(done.tokens, done.stats)
 
 
@@ -218,7 +225,7 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
         eos = frozenset(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))
         contenders.insert(0, LlamaCppPythonContender(llama, cfg, eos))
     sweep_names = [f"K={k}" for k in cfg.sweep]
-    contenders += [EngineContender(name, engine, cfg, replace(cfg.draft, k=k))
+    contenders += [EngineContender(name, engine, cfg, replace(cfg.draft, k=k), apart=True)
                    for name, k in zip(sweep_names, cfg.sweep, strict=True)]
     baseline = contenders[0].name
     results: list[PromptResult] = []

@@ -3,6 +3,7 @@ llama.cpp's quantized Q8_0 and Q4_K_M (every engine path runs on each precision)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,6 +179,8 @@ def test_calibration_is_measured_after_the_first_token_and_cached(
         res = run(eng, PROMPTS[0], k=None, max_tokens=20)
         assert eng.calibration is not None
         assert res.stats.calibration_seconds > 0
+        # Every width verification can use is timed: the cost curve is a staircase, not a line.
+        assert sorted(eng.calibration.target_points) == list(range(1, eng.k_max + 2))
         # Calibration's own decodes are not generation time: host time stays a real quantity.
         generating = res.stats.total_seconds - res.stats.calibration_seconds
         assert 0 < res.stats.decode_seconds <= generating
@@ -189,6 +192,22 @@ def test_calibration_is_measured_after_the_first_token_and_cached(
         assert eng.calibration is not None  # from the cache
     with SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=512)) as eng:
         assert eng.calibration is None  # other settings: measured anew
+
+
+def test_runs_apart_do_not_teach_auto(f32_engine: SpeculativeEngine) -> None:
+    """bench's fixed-K sweep runs apart: auto must be measured on what its own runs taught it,
+    never on what a fixed K=8 saw at depths auto had not reached."""
+    def learned() -> list[object]:
+        return [(m.prior_rates, m.hits, t.prior)
+                for m, _, t in f32_engine._acceptance.values()]
+
+    before = copy.deepcopy(learned())
+    with f32_engine.separate_learning():
+        res = run(f32_engine, PROMPTS[0], k=8, max_tokens=24)
+    assert res.stats.drafted > 0
+    assert learned() == before
+    run(f32_engine, PROMPTS[0], k=8, max_tokens=24)  # not apart: it teaches
+    assert learned() != before
 
 
 def test_llama_cpp_python_baseline_pays_its_prompt_every_run(target_gguf: Path) -> None:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from localspec.engine.controller import AcceptanceModel, CostModel, DraftController
+from localspec.engine.controller import (
+    AcceptanceModel,
+    CostModel,
+    DraftController,
+    NearTieRate,
+)
 from localspec.engine.drafters import PromptLookupDrafter, Proposal
 from localspec.engine.sampling import Candidates, SamplingParams, distribution, residual
 from localspec.engine.text import TextAssembler
@@ -220,6 +226,68 @@ def test_acceptance_carries_over_between_requests() -> None:
     second = DraftController(first.costs, 8, model_acc=shared)
     # Starts from what the first request learned (the default prior is 0.6).
     assert second.model_acc.rate < 0.5
+
+
+def test_unreached_depths_borrow_from_the_depth_above() -> None:
+    """A draft whose first token keeps being accepted is expected to be accepted one token
+    deeper too, and auto drafts that token. An unreached depth used to stay at the 0.6 prior:
+    on a fresh F16 engine auto then drafted one token per step where three or more paid."""
+    acc = AcceptanceModel()
+    assert acc.depth_rates(0, 3) == pytest.approx([0.6] * 3)
+    for _ in range(12):
+        acc.observe([0.95], n_accepted=1)
+    first, second, third = acc.depth_rates(0, 3)
+    assert first > 0.85 and second == first and third == first
+    # F16-like staircase on a CPU: 2-4 tokens cost little more than 1, a draft token 1/4 step.
+    costs = CostModel.from_measurements({1: 0.15, 2: 0.165, 3: 0.17, 4: 0.19, 5: 0.29},
+                                        k_max=4, draft=0.04)
+    ctl = DraftController(costs, 4, model_acc=acc)
+    for _ in range(12):  # this request's own outcomes: the controller starts a request afresh
+        ctl.observe(Proposal("model", tokens=[1], confidences=[0.95]), 1, 1)
+    assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.95]))
+
+
+def test_a_request_trusts_its_own_outcomes_within_a_few_steps() -> None:
+    """A prompt after a copy-heavy one (97% accepted) is judged by its own acceptance after
+    a handful of steps, not a dozen: borrowed optimism drafted too long on the next prompt."""
+    acc = AcceptanceModel()
+    acc.rate = 0.97
+    acc.start_request()
+    for i in range(6):  # 60% accepted: 1, 0, 1, 1, 0, 1
+        acc.observe([0.9], n_accepted=0 if i in (1, 4) else 1)
+    assert acc.rate < 0.8
+    # Long runs of acceptance still reach near-certainty: the prior fades with the outcomes.
+    for _ in range(40):
+        acc.observe([0.9], n_accepted=1)
+    assert acc.rate > 0.95
+
+
+def test_near_ties_count_against_drafting() -> None:
+    """A near-tie ends a step without its bonus token and costs a one-token pass next. Where a
+    third of positions are near-ties (prose on a quantized target on a CPU, where the margin is
+    ~0.55 logits), a draft that would pay without them does not."""
+    # Q8_0-like on a CPU: 2 tokens cost 1.05 steps, a draft token a third of a step.
+    costs = CostModel.from_measurements({1: 0.12, 2: 0.126, 3: 0.15, 4: 0.17}, 3, 0.04)
+    ctl = DraftController(costs, 3)
+    ctl.model_acc.rate = 0.6
+    assert ctl.model_worth_trying(room=50)
+    ctl.ties.rate = 0.33
+    assert not ctl.model_worth_trying(room=50)
+    assert "plain decoding" in ctl.explain() and "33% of positions near-ties" in ctl.explain()
+
+
+def test_near_tie_rate_is_learned_and_carried() -> None:
+    ties = NearTieRate(prior=0.05)
+    ctl = DraftController(CostModel.from_calibration(0.09, 0.15, 9, 8, 0.02), 8, ties=ties)
+    prop = Proposal("model", tokens=[1, 2], confidences=[0.9, 0.9])
+    for i in range(60):  # three positions decided per step, every other step ends on a tie
+        ctl.observe(prop, 2, 2, tied=i % 2 == 0)
+    assert 0.1 < ties.rate < 0.25  # one position in six
+    # A tie is neither an acceptance nor a rejection.
+    assert ctl.model_acc.rate > 0.9
+    ctl.end_request()
+    ctl = DraftController(ctl.costs, 8, ties=ties)
+    assert ties.rate > 0.05  # the next request starts from what this one saw
 
 
 def test_top_k_ids_finds_the_k_largest_without_a_full_partition() -> None:

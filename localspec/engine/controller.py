@@ -93,36 +93,83 @@ class AcceptanceModel:
 
     * by the drafter's confidence, binned: each bin starts from a prior equal to its confidence
       and moves with the observed outcomes;
-    * by depth in the draft: the running acceptance of the first drafted token, of the second
-      given the first was accepted, and so on. Acceptance is not the same at every depth (in
-      prose here: ~64% for the first token, ~45% for the second), and one running rate for all
-      depths made auto too pessimistic to draft even one token where one token paid.
+    * by depth in the draft: the acceptance of the first drafted token, of the second given the
+      first was accepted, and so on. Acceptance is not the same at every depth (in prose here:
+      ~64% for the first token, ~45% for the second), and one running rate for all depths made
+      auto too pessimistic to draft even one token where one token paid.
+
+    A depth's estimate is this request's outcomes there against a prior worth PRIOR_WEIGHT
+    outcomes (what past requests saw at that depth or, at a depth no request has reached, this
+    request's estimate one depth shallower); each newer outcome fades the older ones and the
+    prior alike. So a request's own text
+    takes over within a few steps (a code prompt after a copy-heavy one no longer drafts long
+    for a dozen steps on borrowed optimism), and a draft that keeps being accepted is tried one
+    token deeper instead of being held at the depth it happened to start with.
 
     Only tokens up to and including the first rejection are observed."""
 
-    __slots__ = ("hits", "seen", "prior_weight", "rates", "prior_rates", "_request")
+    __slots__ = ("hits", "seen", "prior_weight", "rates", "prior_rates", "_depth_hits",
+                 "_depth_seen", "_depth_prior", "_observed")
+
+    # The carried prior counts as this many outcomes at each depth.
+    PRIOR_WEIGHT = 4.0
+    # Each newer outcome at a depth fades the older ones by this factor: a request drifts (code,
+    # then prose), so its estimate covers roughly its last 1 / (1 - DECAY) outcomes.
+    DECAY = 0.9
 
     def __init__(self, rate: float = 0.6, prior_rate: float = 0.6,
                  prior_weight: float = 2.0) -> None:
         self.hits = [0.0] * N_BINS
         self.seen = [0.0] * N_BINS
         self.prior_weight = prior_weight
+        # None: no request has reached that depth yet (its prior is the depth above).
+        self.prior_rates: list[float | None] = [prior_rate] + [None] * (MAX_DEPTH - 1)
+        self._observed = False
         self.rates = [rate] * MAX_DEPTH
-        self.prior_rates = [prior_rate] * MAX_DEPTH
-        self._request = [0.0, 0.0]  # hits, seen (this request)
+        self._forget()
+        if rate != prior_rate:
+            self.rate = rate
+        else:
+            self._update()
 
     @property
     def rate(self) -> float:
-        """The running acceptance of a first drafted token."""
+        """The estimated acceptance of a first drafted token."""
         return self.rates[0]
 
     @rate.setter
     def rate(self, value: float) -> None:
-        self.rates = [value] * MAX_DEPTH
+        """Start over believing ``value`` at every depth (as if long observed)."""
+        self.prior_rates = [value] * MAX_DEPTH
+        self._forget()
+        self._update()
 
     @property
     def prior_rate(self) -> float:
-        return self.prior_rates[0]
+        first = self.prior_rates[0]
+        assert first is not None
+        return first
+
+    def _forget(self) -> None:
+        """Drop this request's outcomes: back to the prior at full weight."""
+        self._depth_hits = [0.0] * MAX_DEPTH
+        self._depth_seen = [0.0] * MAX_DEPTH
+        self._depth_prior = [self.PRIOR_WEIGHT] * MAX_DEPTH
+
+    def _update(self, start: int = 0) -> None:
+        """Recompute the depth estimates from ``start`` down (O(MAX_DEPTH), once per step)."""
+        for d in range(start, MAX_DEPTH):
+            prior = self.prior_rates[d]
+            if prior is None:
+                prior = self.rates[d - 1]
+            w = self._depth_prior[d]
+            self.rates[d] = (self._depth_hits[d] + w * prior) / (self._depth_seen[d] + w)
+
+    def _count(self, depth: int, outcome: float) -> None:
+        d = min(depth, MAX_DEPTH - 1)
+        self._depth_hits[d] = self.DECAY * self._depth_hits[d] + outcome
+        self._depth_seen[d] = self.DECAY * self._depth_seen[d] + 1.0
+        self._depth_prior[d] *= self.DECAY
 
     def estimate(self, conf: float) -> float:
         b = min(int(conf * N_BINS), N_BINS - 1)
@@ -130,57 +177,114 @@ class AcceptanceModel:
         return (self.hits[b] + self.prior_weight * centre) / (self.seen[b] + self.prior_weight)
 
     def depth_rates(self, start: int, n: int) -> list[float]:
-        """The running acceptance at depths ``start`` .. ``start + n - 1``."""
+        """The estimated acceptance at depths ``start`` .. ``start + n - 1``."""
         return [self.rates[min(d, MAX_DEPTH - 1)] for d in range(start, start + n)]
 
     def observe(self, confidences: list[float], n_accepted: int) -> None:
-        for i, conf in enumerate(confidences[: n_accepted + 1]):
+        seen = confidences[: n_accepted + 1]
+        for i, conf in enumerate(seen):
             b = min(int(conf * N_BINS), N_BINS - 1)
             ok = 1.0 if i < n_accepted else 0.0
             self.hits[b] += ok
             self.seen[b] += 1.0
-            self._request[0] += ok
-            self._request[1] += 1.0
-            d = min(i, MAX_DEPTH - 1)
-            self.rates[d] += 0.1 * (ok - self.rates[d])
+            self._count(i, ok)
+        if seen:
+            self._observed = True
+            self._update()
 
     def teach(self, depth: int, predicted: float) -> None:
         """A drafted token dropped unverified: its predicted acceptance stands in for it."""
-        d = min(depth, MAX_DEPTH - 1)
-        self.rates[d] += 0.1 * (predicted - self.rates[d])
+        self._count(depth, predicted)
+        self._update(min(depth, MAX_DEPTH - 1))
 
     def relax(self) -> None:
-        """Drift back towards the prior while not drafting, so a bad patch is retried later."""
-        self.rates = [r + 0.02 * (p - r) for r, p in zip(self.rates, self.prior_rates,
-                                                         strict=True)]
+        """Fade this request's outcomes while not drafting, so the estimates drift back to the
+        prior and a bad patch is retried later."""
+        if not any(self._depth_seen):  # nothing to fade (plain decoding): keep the step cheap
+            return
+        self._depth_hits = [h * 0.98 for h in self._depth_hits]
+        self._depth_seen = [n * 0.98 for n in self._depth_seen]
+        self._depth_prior = [w + 0.02 * (self.PRIOR_WEIGHT - w) for w in self._depth_prior]
+        self._update()
 
     def start_request(self) -> None:
         """A new request starts from what past requests taught (this pair on this machine)."""
-        self.rates = list(self.prior_rates)
-        self._request = [0.0, 0.0]
+        self._forget()
+        self._observed = False
+        self._update()
 
     def end_request(self) -> None:
-        """What this request saw becomes the next one's starting point."""
-        if self._request[1]:
-            self.prior_rates = [p + 0.3 * (r - p) for r, p in zip(self.rates, self.prior_rates,
-                                                                   strict=True)]
+        """What this request saw, at the depths it reached, moves the next one's prior."""
+        if not self._observed:
+            return
+        for d in range(MAX_DEPTH):
+            if self._depth_seen[d] <= 0:
+                continue
+            prior = self.prior_rates[d]
+            self.prior_rates[d] = self.rates[d] if prior is None else (
+                prior + 0.3 * (self.rates[d] - prior))
+
+
+class NearTieRate:
+    """P(the target's choice at a verified position is a near-tie), learned online.
+
+    Batched logits cannot decide a near-tie (see ``SpeculativeEngine.tie_margin``): the step
+    ends there without its bonus token, and that position costs a one-token pass next. On a
+    quantized target on a CPU the margin is wide (~0.55 logits for Q8_0 here) and prose is full
+    of such positions, a third of the drafting steps on a story: counted as neither acceptance
+    nor rejection, they made auto draft where plain decoding was faster. A property of the
+    target's text, not of the drafter, so one rate serves both drafters; carried from request
+    to request like the acceptance rates."""
+
+    __slots__ = ("rate", "prior", "_seen")
+
+    def __init__(self, prior: float = 0.05) -> None:
+        self.rate = prior
+        self.prior = prior
+        self._seen = 0
+
+    def observe(self, checked: int, tied: bool) -> None:
+        """``checked`` positions were decided in one pass; the last was a near-tie if ``tied``."""
+        for i in range(checked):
+            self.rate += 0.1 * ((1.0 if tied and i == checked - 1 else 0.0) - self.rate)
+        self._seen += checked
+
+    def start_request(self) -> None:
+        self.rate = self.prior
+        self._seen = 0
+
+    def end_request(self) -> None:
+        if self._seen:
+            self.prior += 0.3 * (self.rate - self.prior)
+
+
+def _yield_rate(expected: float, seconds: float, tie: float, single: float) -> float:
+    """Tokens per second of a step expected to yield ``expected`` tokens in ``seconds``, when
+    each position the step reaches is a near-tie with probability ``tie``.
+
+    With acceptances already scaled by (1 - tie), a tie yields what a rejection would (the
+    accepted prefix, then the tied position from a one-token pass), so the token count stands;
+    the extra pass, taken with probability tie * expected, costs ``single`` seconds."""
+    return expected / (seconds + tie * expected * single)
 
 
 def _best_prefix(probs: list[float], fixed_seconds: float, costs: CostModel,
-                 n_min: int = 0) -> tuple[int, float]:
+                 n_min: int = 0, tie: float = 0.0) -> tuple[int, float]:
     """(n, rate): the prefix length n >= n_min of ``probs`` whose verification is expected to
     yield the most tokens per second, ``fixed_seconds`` (drafting already spent) included.
 
     Verifying n drafted tokens costs a target pass of n+1 tokens and yields
-    1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.): O(n), one pass."""
+    1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.), each p scaled by the chance
+    that its position is not a near-tie: O(n), one pass."""
     expected, prefix = 1.0, 1.0
     best_n, best = n_min, 0.0
+    single = costs.verify(1)
     for n in range(len(probs) + 1):
         if n:
-            prefix *= probs[n - 1]
+            prefix *= (1.0 - tie) * probs[n - 1]
             expected += prefix
         if n >= n_min:
-            rate = expected / (fixed_seconds + costs.verify(n + 1))
+            rate = _yield_rate(expected, fixed_seconds + costs.verify(n + 1), tie, single)
             if rate > best:
                 best_n, best = n, rate
     return best_n, best
@@ -203,14 +307,17 @@ class DraftController:
 
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
                  model_acc: AcceptanceModel | None = None,
-                 lookup_acc: AcceptanceModel | None = None) -> None:
+                 lookup_acc: AcceptanceModel | None = None,
+                 ties: NearTieRate | None = None) -> None:
         self.costs = costs
         self.k_max = k_max
         self.fixed_k = fixed_k
         self.model_acc = model_acc or AcceptanceModel()
         self.lookup_acc = lookup_acc or AcceptanceModel(rate=0.5, prior_rate=0.5)
+        self.ties = ties or NearTieRate()
         self.model_acc.start_request()
         self.lookup_acc.start_request()
+        self.ties.start_request()
         self._plain_streak = 0
         self._peek_interval = self.PEEK_MIN
         self._peeking = False
@@ -226,10 +333,11 @@ class DraftController:
         best_k, best = 0, self.plain_rate()
         expected, term = 1.0, 1.0
         depths = a if isinstance(a, list) else [a] * self.k_max
+        tie, single = self.ties.rate, self.costs.verify(1)
         for k in range(1, min(self.k_max, room) + 1):
-            term *= depths[k - 1]
+            term *= (1.0 - tie) * depths[k - 1]
             expected += term
-            rate = expected / (k * per_token + self.costs.verify(k + 1))
+            rate = _yield_rate(expected, k * per_token + self.costs.verify(k + 1), tie, single)
             if rate > best:
                 best_k, best = k, rate
         return best_k, best
@@ -261,18 +369,19 @@ class DraftController:
         while len(prop.estimates) < j:
             prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
         c = self.costs.draft_token
-        _, stop = _best_prefix(prop.estimates, j * c, self.costs)
+        tie, single = self.ties.rate, self.costs.verify(1)
+        _, stop = _best_prefix(prop.estimates, j * c, self.costs, tie=tie)
         # Going on: E_j plus the running rate's geometric tail, for every longer length m.
         expected, prefix = 1.0, 1.0
         for p in prop.estimates:
-            prefix *= p
+            prefix *= (1.0 - tie) * p
             expected += prefix
         go = 0.0
         ahead = self.model_acc.depth_rates(j, self.k_max - j)
         for m in range(j + 1, self.k_max + 1):
-            prefix *= ahead[m - j - 1]
+            prefix *= (1.0 - tie) * ahead[m - j - 1]
             expected += prefix
-            go = max(go, expected / (m * c + self.costs.verify(m + 1)))
+            go = max(go, _yield_rate(expected, m * c + self.costs.verify(m + 1), tie, single))
         return go > stop
 
     def trim(self, prop: Proposal, draft_seconds: float) -> int:
@@ -290,17 +399,23 @@ class DraftController:
             probs = prop.estimates[:len(prop.tokens)]
         else:
             probs = [acc.rate] * len(prop.tokens)
-        best_k, _ = _best_prefix(probs, draft_seconds, self.costs)
+        best_k, _ = _best_prefix(probs, draft_seconds, self.costs, tie=self.ties.rate)
         if prop.source == "model" and best_k < len(probs):
             acc.teach(best_k, probs[best_k])
         return best_k
 
     def lookup_rate(self, prop: Proposal) -> float:
-        return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), 0.0, self.costs)[1]
+        return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), 0.0, self.costs,
+                            tie=self.ties.rate)[1]
 
     # -- learning -----------------------------------------------------------------------------
-    def observe(self, prop: Proposal, n_verified: int, n_accepted: int) -> None:
+    def observe(self, prop: Proposal, n_verified: int, n_accepted: int,
+                tied: bool = False) -> None:
+        """The target decided ``n_accepted`` + 1 positions of this draft: it accepted
+        ``n_accepted`` tokens, then rejected one or (``tied``) met a near-tie it left undecided;
+        only ``n_verified`` drafted tokens count for acceptance (a tie is neither)."""
         self._plain_streak = 0
+        self.ties.observe(n_accepted + 1, tied)
         if self._peeking:
             self.observe_peek(n_accepted)
         if prop.source == "model":
@@ -311,6 +426,7 @@ class DraftController:
     def end_request(self) -> None:
         self.model_acc.end_request()
         self.lookup_acc.end_request()
+        self.ties.end_request()
 
     def observe_plain_step(self) -> None:
         self.model_acc.relax()
@@ -352,11 +468,16 @@ class DraftController:
         t1 = self.costs.verify(1)
         k, rate = self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room,
                                       self.costs.draft_token)
+        # Near-ties matter where the guard is wide (quantized targets): say so when they do.
+        ties = (f" and {self.ties.rate:.0%} of positions near-ties"
+                if self.ties.rate >= 0.1 else "")
         if k == 0:
             k_probe = min(4, self.k_max)
             ratio = self.costs.verify(k_probe + 1) / t1
             return (f"plain decoding: verifying {k_probe + 1} tokens costs {ratio:.2f} single "
-                    f"steps here, too much for the {self.model_acc.rate:.0%} acceptance expected")
+                    f"steps here, too much for the {self.model_acc.rate:.0%} acceptance "
+                    f"expected{ties}")
         ratio = self.costs.verify(k + 1) / t1
         return (f"drafting ~{k} tokens: verifying {k + 1} costs {ratio:.2f} single steps here; "
-                f"at {self.model_acc.rate:.0%} acceptance that predicts {rate * t1:.2f}x plain")
+                f"at {self.model_acc.rate:.0%} acceptance{ties} that predicts "
+                f"{rate * t1:.2f}x plain")

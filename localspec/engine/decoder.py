@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +18,7 @@ import numpy as np
 from ..errors import ContextOverflowError, LocalspecError
 from . import activity, calibration
 from .calibration import Calibration
-from .controller import AcceptanceModel, CostModel, DraftController
+from .controller import AcceptanceModel, CostModel, DraftController, NearTieRate
 from .drafters import ModelDrafter, Pick, PromptLookupDrafter, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import (
@@ -149,9 +151,10 @@ class SpeculativeEngine:
             calibration = self._cached_calibration()
         if calibration is not None:
             self.use_calibration(calibration)
-        # What the target accepted from each drafter, carried from request to request; greedy
-        # and sampled decoding accept differently, so each has its own.
-        self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(rate=0.5, prior_rate=0.5))
+        # What the target accepted from each drafter, and how often it met a near-tie, carried
+        # from request to request; greedy and sampled decoding differ, so each has its own.
+        self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(rate=0.5, prior_rate=0.5),
+                                     NearTieRate())
                             for greedy in (True, False)}
         self._lock = threading.Lock()
         self._formatters: dict[str, Any] = {}
@@ -181,6 +184,18 @@ class SpeculativeEngine:
             if draft is not None:
                 draft.close()
             raise
+
+    @contextmanager
+    def separate_learning(self) -> Iterator[None]:
+        """Requests inside teach acceptance to a copy that is dropped afterwards: a benchmark's
+        fixed-K runs must not teach auto what they saw (auto would then be measured on
+        knowledge a user's auto never had)."""
+        saved = self._acceptance
+        self._acceptance = copy.deepcopy(saved)
+        try:
+            yield
+        finally:
+            self._acceptance = saved
 
     def close(self) -> None:
         self.target.close()
@@ -363,7 +378,8 @@ class SpeculativeEngine:
             run.plain_next = nxt is None
             if k:
                 # An undecided near-tie is neither an acceptance nor a rejection.
-                controller.observe(prop, k if nxt is not None else n_acc, n_acc)
+                controller.observe(prop, k if nxt is not None else n_acc, n_acc,
+                                   tied=nxt is None)
                 run.stats.drafted += k
                 run.stats.accepted += n_acc
                 run.stats.draft_rounds += 1
