@@ -101,10 +101,10 @@ class AcceptanceModel:
     A depth's estimate is this request's outcomes there against a prior worth PRIOR_WEIGHT
     outcomes (what past requests saw at that depth or, at a depth no request has reached, this
     request's estimate one depth shallower); each newer outcome fades the older ones and the
-    prior alike. So a request's own text
-    takes over within a few steps (a code prompt after a copy-heavy one no longer drafts long
-    for a dozen steps on borrowed optimism), and a draft that keeps being accepted is tried one
-    token deeper instead of being held at the depth it happened to start with.
+    prior alike. So a request's own text takes over within a few steps (a code prompt after a
+    copy-heavy one no longer drafts long for a dozen steps on borrowed optimism), and a draft
+    that keeps being accepted is tried one token deeper instead of being held at the depth it
+    happened to start with.
 
     Only tokens up to and including the first rejection are observed."""
 
@@ -117,20 +117,15 @@ class AcceptanceModel:
     # then prose), so its estimate covers roughly its last 1 / (1 - DECAY) outcomes.
     DECAY = 0.9
 
-    def __init__(self, rate: float = 0.6, prior_rate: float = 0.6,
-                 prior_weight: float = 2.0) -> None:
+    def __init__(self, prior_rate: float = 0.6, prior_weight: float = 2.0) -> None:
         self.hits = [0.0] * N_BINS
         self.seen = [0.0] * N_BINS
         self.prior_weight = prior_weight
         # None: no request has reached that depth yet (its prior is the depth above).
         self.prior_rates: list[float | None] = [prior_rate] + [None] * (MAX_DEPTH - 1)
         self._observed = False
-        self.rates = [rate] * MAX_DEPTH
+        self.rates = [prior_rate] * MAX_DEPTH
         self._forget()
-        if rate != prior_rate:
-            self.rate = rate
-        else:
-            self._update()
 
     @property
     def rate(self) -> float:
@@ -244,9 +239,11 @@ class NearTieRate:
         self._seen = 0
 
     def observe(self, checked: int, tied: bool) -> None:
-        """``checked`` positions were decided in one pass; the last was a near-tie if ``tied``."""
-        for i in range(checked):
-            self.rate += 0.1 * ((1.0 if tied and i == checked - 1 else 0.0) - self.rate)
+        """``checked`` positions were decided in one pass; the last was a near-tie if ``tied``.
+
+        The moving average (0.1 per position) of ``checked - 1`` plain outcomes and a last one,
+        in closed form: it runs once per target pass."""
+        self.rate = self.rate * 0.9 ** checked + (0.1 if tied else 0.0)
         self._seen += checked
 
     def start_request(self) -> None:
@@ -313,7 +310,7 @@ class DraftController:
         self.k_max = k_max
         self.fixed_k = fixed_k
         self.model_acc = model_acc or AcceptanceModel()
-        self.lookup_acc = lookup_acc or AcceptanceModel(rate=0.5, prior_rate=0.5)
+        self.lookup_acc = lookup_acc or AcceptanceModel(prior_rate=0.5)
         self.ties = ties or NearTieRate()
         self.model_acc.start_request()
         self.lookup_acc.start_request()

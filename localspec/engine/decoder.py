@@ -153,7 +153,7 @@ class SpeculativeEngine:
             self.use_calibration(calibration)
         # What the target accepted from each drafter, and how often it met a near-tie, carried
         # from request to request; greedy and sampled decoding differ, so each has its own.
-        self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(rate=0.5, prior_rate=0.5),
+        self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(prior_rate=0.5),
                                      NearTieRate())
                             for greedy in (True, False)}
         self._lock = threading.Lock()
