@@ -365,21 +365,25 @@ class DraftController:
             return False
         while len(prop.estimates) < j:
             prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
-        c = self.costs.draft_token
-        tie, single = self.ties.rate, self.costs.verify(1)
-        _, stop = _best_prefix(prop.estimates, j * c, self.costs, tie=tie)
-        # Going on: E_j plus the running rate's geometric tail, for every longer length m.
+        # One pass, run per drafted token: the best prefix of what was drafted (stopping), then
+        # longer drafts until one beats it (going on). The cost table is read directly: this
+        # runs at GPU step rates.
+        c, table, keep = self.costs.draft_token, self.costs.target, 1.0 - self.ties.rate
+        tie, single, widest = self.ties.rate, table[1], len(table) - 1
+        spent = j * c
         expected, prefix = 1.0, 1.0
-        for p in prop.estimates:
-            prefix *= (1.0 - tie) * p
+        stop = _yield_rate(1.0, spent + single, tie, single)
+        for n, p in enumerate(prop.estimates[:j], 1):
+            prefix *= keep * p
             expected += prefix
-        go = 0.0
-        ahead = self.model_acc.depth_rates(j, self.k_max - j)
+            stop = max(stop, _yield_rate(expected, spent + table[min(n + 1, widest)], tie, single))
+        rates = self.model_acc.rates
         for m in range(j + 1, self.k_max + 1):
-            prefix *= (1.0 - tie) * ahead[m - j - 1]
+            prefix *= keep * rates[min(m - 1, MAX_DEPTH - 1)]
             expected += prefix
-            go = max(go, _yield_rate(expected, m * c + self.costs.verify(m + 1), tie, single))
-        return go > stop
+            if _yield_rate(expected, m * c + table[min(m + 1, widest)], tie, single) > stop:
+                return True
+        return False
 
     def trim(self, prop: Proposal, draft_seconds: float) -> int:
         """How many of the drafted tokens to verify (drafting time is already spent).
