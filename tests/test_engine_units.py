@@ -10,6 +10,7 @@ from localspec.engine.controller import (
     CostModel,
     DraftController,
     NearTieRate,
+    PeekSchedule,
 )
 from localspec.engine.drafters import PromptLookupDrafter, Proposal
 from localspec.engine.sampling import Candidates, SamplingParams, distribution, residual
@@ -185,18 +186,49 @@ def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:
     ctl = _controller(t1=0.09, per_extra=0.006, draft=0.02)
     ctl.model_acc.rate = 0.05  # the draft has been failing: not worth trying now
     assert not ctl.model_worth_trying(room=50)
-    for _ in range(DraftController.PEEK_MIN - 1):
+    for _ in range(PeekSchedule.LEAST - 1):
         ctl.observe_plain_step()
     assert not ctl.should_peek(room=50)
     ctl.observe_plain_step()
     assert ctl.should_peek(room=50)
     ctl.observe_peek(n_accepted=0)  # nothing found: wait twice as long next time
-    for _ in range(DraftController.PEEK_MIN):
+    for _ in range(PeekSchedule.LEAST):
         ctl.observe_plain_step()
     assert not ctl.should_peek(room=50)
-    for _ in range(DraftController.PEEK_MIN):
+    for _ in range(PeekSchedule.LEAST):
         ctl.observe_plain_step()
     assert ctl.should_peek(room=50)
+
+
+def test_peek_backoff_is_carried_to_the_next_request() -> None:
+    """A pair where peeks keep finding nothing is not re-checked from scratch every request:
+    each look catches the draft up on every token it skipped."""
+    costs = CostModel.from_calibration(0.09, 0.09 + 0.006 * 8, 9, 8, 0.02)
+    shared = PeekSchedule()
+
+    def request_peeks(n_plain: int) -> int:
+        ctl = DraftController(costs, 8, model_acc=AcceptanceModel(prior_rate=0.05),
+                              peeks=shared)
+        peeks = 0
+        for _ in range(n_plain):
+            if ctl.should_peek(room=50):
+                ctl.start_peek()
+                ctl.observe_peek(n_accepted=0)
+                peeks += 1
+            else:
+                ctl.observe_plain_step()
+        ctl.end_request()
+        return peeks
+
+    assert request_peeks(128) == 4  # after 8, 16, 32 and 64 plain steps
+    assert shared.interval == PeekSchedule.MOST
+    # The next requests go on where the last one left off: one look per 128 plain steps.
+    assert request_peeks(100) == 0
+    assert request_peeks(PeekSchedule.MOST) == 1
+    ctl = DraftController(costs, 8, peeks=shared)
+    ctl.start_peek()
+    ctl.observe_peek(n_accepted=1)  # a peek that found a good draft: look often again
+    assert shared.interval == PeekSchedule.LEAST
 
 
 def test_peek_repays_the_drafts_catching_up() -> None:

@@ -255,6 +255,35 @@ class NearTieRate:
             self.prior += 0.3 * (self.rate - self.prior)
 
 
+class PeekSchedule:
+    """When to "peek" (force one draft token, kept only if the draft is confident) while auto
+    decodes plainly: after ``interval`` plain steps, doubling after each peek that finds
+    nothing and back to the least after one that finds a draft worth verifying, so a draft
+    that stopped paying is re-checked often at first and rarely once it keeps failing.
+
+    Carried from request to request like the acceptance rates, plain steps included: when
+    every request started over at the least, a compute-bound target where drafting never paid
+    (Q8_0 on an AVX2 CPU) took four peeks per 128-token request, each catching the draft up on
+    every token it had skipped, and ran 6-10% below plain decoding."""
+
+    __slots__ = ("interval", "streak")
+
+    LEAST, MOST = 8, 128
+
+    def __init__(self) -> None:
+        self.interval = self.LEAST
+        self.streak = 0  # plain steps since anything was drafted
+
+    @property
+    def due(self) -> bool:
+        return self.streak >= self.interval
+
+    def found(self, n_accepted: int) -> None:
+        """A peek's outcome: ``n_accepted`` of its tokens were accepted."""
+        self.streak = 0
+        self.interval = self.LEAST if n_accepted else min(2 * self.interval, self.MOST)
+
+
 def _yield_rate(expected: float, seconds: float, tie: float, single: float) -> float:
     """Tokens per second of a step expected to yield ``expected`` tokens in ``seconds``, when
     each position the step reaches is a near-tie with probability ``tie``.
@@ -294,10 +323,6 @@ class DraftController:
     Every decision is O(K): at GPU speeds a step is a few milliseconds, and this runs per token.
     """
 
-    # Plain steps between "peeks" (one forced draft token, kept only if the draft is confident),
-    # doubling after each peek that finds nothing: a draft that stopped paying is re-checked
-    # often at first and rarely once it keeps failing, so checking costs at most ~1%.
-    PEEK_MIN, PEEK_MAX = 8, 128
     # Drafting must be predicted to beat plain decoding by this much: the acceptance estimate
     # is noisy, and a wrong "yes" costs a draft pass.
     MARGIN = 1.05
@@ -305,7 +330,7 @@ class DraftController:
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
                  model_acc: AcceptanceModel | None = None,
                  lookup_acc: AcceptanceModel | None = None,
-                 ties: NearTieRate | None = None) -> None:
+                 ties: NearTieRate | None = None, peeks: PeekSchedule | None = None) -> None:
         self.costs = costs
         self.k_max = k_max
         self.fixed_k = fixed_k
@@ -315,8 +340,7 @@ class DraftController:
         self.model_acc.start_request()
         self.lookup_acc.start_request()
         self.ties.start_request()
-        self._plain_streak = 0
-        self._peek_interval = self.PEEK_MIN
+        self.peeks = peeks or PeekSchedule()
         self._peeking = False
 
     # -- planning -----------------------------------------------------------------------------
@@ -415,7 +439,7 @@ class DraftController:
         """The target decided ``n_accepted`` + 1 positions of this draft: it accepted
         ``n_accepted`` tokens, then rejected one or (``tied``) met a near-tie it left undecided;
         only ``n_verified`` drafted tokens count for acceptance (a tie is neither)."""
-        self._plain_streak = 0
+        self.peeks.streak = 0
         self.ties.observe(n_accepted + 1, tied)
         if self._peeking:
             self.observe_peek(n_accepted)
@@ -431,7 +455,7 @@ class DraftController:
 
     def observe_plain_step(self) -> None:
         self.model_acc.relax()
-        self._plain_streak += 1
+        self.peeks.streak += 1
         if self._peeking:  # the peeked draft was not worth verifying
             self.observe_peek(0)
 
@@ -442,7 +466,7 @@ class DraftController:
         target, where every look would be a loss), and would repay, over the ``remaining``
         tokens, the draft's catching up on the tokens it skipped (``behind()``: counted only
         when a peek is otherwise due, since counting walks the whole sequence)."""
-        if self._plain_streak < self._peek_interval or room <= 0:
+        if not self.peeks.due or room <= 0:
             return False
         _, best = self._constant_rate(0.95, room, self.costs.draft_token)
         plain = self.plain_rate()
@@ -457,11 +481,7 @@ class DraftController:
 
     def observe_peek(self, n_accepted: int) -> None:
         self._peeking = False
-        self._plain_streak = 0
-        if n_accepted:
-            self._peek_interval = self.PEEK_MIN
-        else:
-            self._peek_interval = min(2 * self._peek_interval, self.PEEK_MAX)
+        self.peeks.found(n_accepted)
 
     # -- explaining ---------------------------------------------------------------------------
     def explain(self, room: int = 1 << 30) -> str:

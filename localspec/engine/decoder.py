@@ -18,7 +18,13 @@ import numpy as np
 from ..errors import ContextOverflowError, LocalspecError
 from . import activity, calibration
 from .calibration import Calibration
-from .controller import AcceptanceModel, CostModel, DraftController, NearTieRate
+from .controller import (
+    AcceptanceModel,
+    CostModel,
+    DraftController,
+    NearTieRate,
+    PeekSchedule,
+)
 from .drafters import ModelDrafter, Pick, PromptLookupDrafter, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import (
@@ -151,10 +157,11 @@ class SpeculativeEngine:
             calibration = self._cached_calibration()
         if calibration is not None:
             self.use_calibration(calibration)
-        # What the target accepted from each drafter, and how often it met a near-tie, carried
-        # from request to request; greedy and sampled decoding differ, so each has its own.
+        # What the target accepted from each drafter, how often it met a near-tie and how often
+        # to peek, carried from request to request; greedy and sampled decoding differ, so
+        # each has its own.
         self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(prior_rate=0.5),
-                                     NearTieRate())
+                                     NearTieRate(), PeekSchedule())
                             for greedy in (True, False)}
         self._lock = threading.Lock()
         self._formatters: dict[str, Any] = {}
