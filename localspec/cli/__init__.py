@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import LocalspecError
 
@@ -27,7 +27,13 @@ GUARDED = ("run", "bench", "demo")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line (the usage text is one --help away)."""
+    """argparse, with usage errors as one line (the usage text is one --help away) and no
+    abbreviated options: argparse would read ``--k 3`` as ``--k-max 3`` and run auto without
+    a word, where the user meant a fixed K (``-k``/``--draft-k``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
