@@ -246,7 +246,7 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
         # The first repeat whose outputs differ: any repeat may meet a near-tie.
         alone, fast = next(((x.tokens, y.tokens) for x, y in zip(
             res.runs[baseline], res.runs["speculative"], strict=True) if x.tokens != y.tokens),
-            (res.runs[baseline][-1].tokens, res.runs["speculative"][-1].tokens))
+            ((), ()))
         if cfg.sampling.greedy and not isinstance(alone, str) and not isinstance(fast, str) \
                 and alone != fast:
             res.first_difference = first_difference(engine, tokens, alone, fast, cfg.sampling)

@@ -45,12 +45,14 @@ def test_bad_values_name_the_parameter_value_and_range(args: list[str], words: l
     assert "llama" not in line.lower()  # nothing reached llama.cpp
 
 
-@pytest.mark.parametrize("command", ["run", "bench"])
-def test_an_abbreviated_option_is_refused_not_guessed(command: str, target_gguf: Path) -> None:
+@pytest.mark.parametrize("args", [["run", "-n", "4", "hello"],
+                                  ["bench", "-n", "4", "--prompt", "hello"]],
+                         ids=["run", "bench"])
+def test_an_abbreviated_option_is_refused_not_guessed(args: list[str],
+                                                      target_gguf: Path) -> None:
     """`--k 3` is not `--k-max 3` (argparse's prefix matching would run auto and say nothing
     where the user asked for a fixed K)."""
-    proc = run_cli(command, "--target", str(target_gguf), "--k", "3", "--prompt" if command ==
-                   "bench" else "-n", "hello" if command == "bench" else "4", "hello")
+    proc = run_cli(*args, "--target", str(target_gguf), "--k", "3")
     assert proc.returncode == 2, proc.stderr
     line = _one_line(proc.stderr)
     assert "unrecognized arguments: --k" in line, line
