@@ -108,9 +108,7 @@ class EngineContender:
     apart: bool = False
 
     def run(self, prompt: tuple[int, ...]) -> RunResult:
-        self.engine.target.reset()  # no prefix reuse between runs: each pays its prompt
-        if self.engine.draft is not None:
-            self.engine.draft.reset()
+        self.engine.clear_caches()  # no prefix reuse between runs: each pays its prompt
         req = GenerationRequest(prompt_tokens=prompt, max_tokens=self.cfg.max_tokens,
                                 sampling=self.cfg.sampling, draft=self.draft)
         if self.apart:
@@ -278,6 +276,7 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "mean_k": round(m("speculative", "mean_k"), 3),
         "spec_host_ms_per_step": round(m("speculative", "host_ms_per_step"), 4),
         "spec_host_ms_per_decode": round(m("speculative", "host_ms_per_decode"), 4),
+        "spec_host_ms_per_token": round(m("speculative", "host_ms_per_token"), 4),
         "engine_plain_tokens_per_second": round(m("plain", "tokens_per_second"), 3),
         "engine_plain_host_ms_per_step": round(m("plain", "host_ms_per_step"), 4),
         "policy": r.runs["speculative"][-1].stats.policy,
@@ -377,7 +376,7 @@ def run_remote_bench(remote: Any, prompts: Sequence[BenchPrompt], cfg: BenchConf
     for p in out["prompts"]:
         for key in ("engine_plain_vs_baseline", "engine_plain_tokens_per_second",
                     "engine_plain_host_ms_per_step", "spec_host_ms_per_step",
-                    "spec_host_ms_per_decode", "policy"):
+                    "spec_host_ms_per_decode", "spec_host_ms_per_token", "policy"):
             p.pop(key, None)
     if baseline is None:  # nothing to compare against: no ratio rather than a made-up 1.0
         out["speedup"] = None

@@ -27,14 +27,10 @@ def run(engine: SpeculativeEngine, prompt: str, *, max_tokens: int = 48, mode: s
         stop: tuple[str, ...] = (), exact: bool = False, rule: str = "auto",
         cold: bool = False) -> Finished:
     """One request. ``cold``: from empty KV caches, as a comparison of drafting against plain
-    decoding needs. Otherwise the request reuses the prefix the previous one left, and the
-    prompt's last token is then decoded alone rather than in the prompt's batch: with some
-    kernels (llama.cpp's repacked Q4_K ones on AVX2) that moves a later near-tie (a top-2
-    margin of 0.004 on a tiny model) with no drafting at all."""
+    decoding needs (``SpeculativeEngine.clear_caches``: with llama.cpp's repacked Q4_K kernels
+    on AVX2 a reused prefix moved a 0.004 top-2 margin on a tiny model, no drafting at all)."""
     if cold:
-        engine.target.reset()
-        if engine.draft is not None:
-            engine.draft.reset()
+        engine.clear_caches()
     tokens = engine.tokenize(prompt, chat=False)
     req = GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sampling=sampling,
                             stop=stop, draft=DraftSettings(mode=mode, k=k, exact=exact,  # type: ignore[arg-type]

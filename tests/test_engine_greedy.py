@@ -78,6 +78,10 @@ def test_speculation_actually_happened(f32_engine: SpeculativeEngine) -> None:
     # also catches the draft up): what host time per model step is divided by.
     assert s.decode_calls == s.target_passes + s.drafted
     assert s.host_ms_per_decode < s.host_ms_per_step
+    # A target pass yields more than one token, so host time per token is the smaller share.
+    assert s.host_ms_per_token < s.host_ms_per_step
+    assert s.host_ms_per_token * s.completion_tokens == pytest.approx(
+        s.host_ms_per_step * s.target_passes)
 
 
 @pytest.mark.parametrize("k", [None, 2, 6])
@@ -165,7 +169,11 @@ def test_auto_speculates_on_a_drifting_target_and_exact_does_not(
             assert auto.tokens == exact.tokens == plain.tokens
             assert auto.stats.drafted > 0, auto.stats.policy
             assert exact.stats.drafted == 0
-            assert "drafting" in auto.stats.policy
+            # The reason is given as the request ends, beside what it did there (these tiny
+            # models' drafts are mostly rejected, so by the end auto may prefer plain steps).
+            s = auto.stats
+            assert s.policy.startswith(f"auto: drafted in {s.draft_rounds} of {s.target_passes}"
+                                       f" steps, {s.acceptance_rate:.0%} accepted; by the end, ")
             assert "--exact" in exact.stats.policy and "drift 0.300" in exact.stats.policy
 
 

@@ -208,7 +208,7 @@ def _print_table(result: dict[str, Any]) -> None:
     columns = ["prompt", "kind", "tokens", "alone tok/s", "spec tok/s", "speedup",
                "decode speedup", "acceptance", "mean K", "TTFT alone/spec ms"]
     if not remote:
-        columns.append("host ms/pass (/model step)")
+        columns.append("host ms token/pass/step")
     if sweep:
         columns.append("auto/best K")
     columns.append("identical")
@@ -227,8 +227,9 @@ def _print_table(result: dict[str, Any]) -> None:
                ratio(p["decode_speedup"]), f"{p['acceptance_rate']:.0%}", f"{p['mean_k']:.2f}",
                f"{p['plain_ttft_seconds'] * 1000:.0f}/{p['spec_ttft_seconds'] * 1000:.0f}"]
         if not remote:
-            row.append(f"{p['spec_host_ms_per_step']:.2f} "
-                       f"({p.get('spec_host_ms_per_decode', 0.0):.2f})")
+            row.append(f"{p.get('spec_host_ms_per_token', 0.0):.2f}/"
+                       f"{p['spec_host_ms_per_step']:.2f}/"
+                       f"{p.get('spec_host_ms_per_decode', 0.0):.2f}")
         if sweep:
             row.append(f"{ratio(p['sweep']['auto_vs_best'])} ({p['sweep']['best']})")
         row.append(yes(p["identical"]))

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=8, draft=mode))
         results = {}
         for label, mode in modes.items():
-            engine.target.reset()
+            engine.clear_caches()
             req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens, draft=mode)
             results[label] = engine.generate(req)
         costs = _costs_line(engine)

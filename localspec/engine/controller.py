@@ -10,7 +10,7 @@ argument applied one token at a time); zero drafted tokens, plain decoding, is a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .drafters import Proposal
@@ -173,6 +173,8 @@ class AcceptanceModel:
 
     def depth_rates(self, start: int, n: int) -> list[float]:
         """The estimated acceptance at depths ``start`` .. ``start + n - 1``."""
+        if start + n <= MAX_DEPTH:
+            return self.rates[start:start + n]
         return [self.rates[min(d, MAX_DEPTH - 1)] for d in range(start, start + n)]
 
     def observe(self, confidences: list[float], n_accepted: int) -> None:
@@ -284,36 +286,39 @@ class PeekSchedule:
         self.interval = self.LEAST if n_accepted else min(2 * self.interval, self.MOST)
 
 
-def _yield_rate(expected: float, seconds: float, tie: float, single: float) -> float:
-    """Tokens per second of a step expected to yield ``expected`` tokens in ``seconds``, when
-    each position the step reaches is a near-tie with probability ``tie``.
+def _step_rates(probs: Sequence[float], costs: CostModel, tie: float, *, fixed: float = 0.0,
+                per_token: float = 0.0, spent: int = 0) -> Iterator[tuple[int, float]]:
+    """(n, tokens/s) of verifying the first n = 0 .. len(probs) drafted tokens, the i-th
+    accepted with probability ``probs[i]`` given the ones before. A step of n costs ``fixed``
+    seconds, ``per_token`` for each of max(n, ``spent``) draft steps, and a target pass of
+    n + 1 tokens.
 
-    With acceptances already scaled by (1 - tie), a tie yields what a rejection would (the
-    accepted prefix, then the tied position from a one-token pass), so the token count stands;
-    the extra pass, taken with probability tie * expected, costs ``single`` seconds."""
-    return expected / (seconds + tie * expected * single)
+    A step yields 1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.), each p scaled by
+    the chance ``1 - tie`` that its position is not a near-tie. A tie yields what a rejection
+    would (the accepted prefix, then the tied position from a one-token pass), so the count
+    stands; the extra pass, taken with probability tie * expected, costs a single step.
+
+    O(n), one pass, shared by every decision the controller makes per step; it reads the cost
+    table directly and stays inline because it runs per drafted token, at GPU step rates."""
+    table = costs.target
+    widest, tie_step = len(table) - 1, tie * table[1]
+    keep = 1.0 - tie
+    expected, prefix = 1.0, 1.0
+    for n in range(len(probs) + 1):
+        if n:
+            prefix *= keep * probs[n - 1]
+            expected += prefix
+        seconds = fixed + per_token * (n if n > spent else spent) + table[
+            n + 1 if n < widest else widest]
+        yield n, expected / (seconds + tie_step * expected)
 
 
 def _best_prefix(probs: list[float], fixed_seconds: float, costs: CostModel,
-                 n_min: int = 0, tie: float = 0.0) -> tuple[int, float]:
-    """(n, rate): the prefix length n >= n_min of ``probs`` whose verification is expected to
-    yield the most tokens per second, ``fixed_seconds`` (drafting already spent) included.
-
-    Verifying n drafted tokens costs a target pass of n+1 tokens and yields
-    1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.), each p scaled by the chance
-    that its position is not a near-tie: O(n), one pass."""
-    expected, prefix = 1.0, 1.0
-    best_n, best = n_min, 0.0
-    single = costs.verify(1)
-    for n in range(len(probs) + 1):
-        if n:
-            prefix *= (1.0 - tie) * probs[n - 1]
-            expected += prefix
-        if n >= n_min:
-            rate = _yield_rate(expected, fixed_seconds + costs.verify(n + 1), tie, single)
-            if rate > best:
-                best_n, best = n, rate
-    return best_n, best
+                 tie: float = 0.0) -> tuple[int, float]:
+    """(n, rate): the prefix length n of ``probs`` whose verification is expected to yield the
+    most tokens per second, ``fixed_seconds`` (drafting already spent) included."""
+    return max(_step_rates(probs, costs, tie, fixed=fixed_seconds),
+               key=lambda nr: (nr[1], -nr[0]))
 
 
 class DraftController:
@@ -350,16 +355,12 @@ class DraftController:
     def _constant_rate(self, a: float | list[float], room: int,
                        per_token: float) -> tuple[int, float]:
         """Best (k, tokens/s) for drafting k tokens, the i-th accepted with probability
-        ``a[i]`` (or ``a`` at every depth)."""
+        ``a[i]`` (or ``a`` at every depth); k = 0 is plain decoding."""
+        n = min(self.k_max, room)
+        depths = a[:n] if isinstance(a, list) else [a] * n
         best_k, best = 0, self.plain_rate()
-        expected, term = 1.0, 1.0
-        depths = a if isinstance(a, list) else [a] * self.k_max
-        tie, single = self.ties.rate, self.costs.verify(1)
-        for k in range(1, min(self.k_max, room) + 1):
-            term *= (1.0 - tie) * depths[k - 1]
-            expected += term
-            rate = _yield_rate(expected, k * per_token + self.costs.verify(k + 1), tie, single)
-            if rate > best:
+        for k, rate in _step_rates(depths, self.costs, self.ties.rate, per_token=per_token):
+            if k and rate > best:
                 best_k, best = k, rate
         return best_k, best
 
@@ -389,23 +390,14 @@ class DraftController:
             return False
         while len(prop.estimates) < j:
             prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
-        # One pass, run per drafted token: the best prefix of what was drafted (stopping), then
-        # longer drafts until one beats it (going on). The cost table is read directly: this
-        # runs at GPU step rates.
-        c, table, keep = self.costs.draft_token, self.costs.target, 1.0 - self.ties.rate
-        tie, single, widest = self.ties.rate, table[1], len(table) - 1
-        spent = j * c
-        expected, prefix = 1.0, 1.0
-        stop = _yield_rate(1.0, spent + single, tie, single)
-        for n, p in enumerate(prop.estimates[:j], 1):
-            prefix *= keep * p
-            expected += prefix
-            stop = max(stop, _yield_rate(expected, spent + table[min(n + 1, widest)], tie, single))
-        rates = self.model_acc.rates
-        for m in range(j + 1, self.k_max + 1):
-            prefix *= keep * rates[min(m - 1, MAX_DEPTH - 1)]
-            expected += prefix
-            if _yield_rate(expected, m * c + table[min(m + 1, widest)], tie, single) > stop:
+        # A prefix of n <= j tokens costs the j draft steps already spent; a longer draft, n.
+        probs = prop.estimates[:j] + self.model_acc.depth_rates(j, self.k_max - j)
+        stop = 0.0
+        for n, rate in _step_rates(probs, self.costs, self.ties.rate,
+                                   per_token=self.costs.draft_token, spent=j):
+            if n <= j:
+                stop = max(stop, rate)
+            elif rate > stop:
                 return True
         return False
 

@@ -204,6 +204,15 @@ class SpeculativeEngine:
         finally:
             self._acceptance = saved
 
+    def clear_caches(self) -> None:
+        """Empty both models' KV caches, so the next request decodes its whole prompt in one
+        batch instead of reusing a cached prefix: what a comparison of runs needs, since a
+        prompt's last token decoded alone can round differently from the same token decoded
+        in the prompt's batch."""
+        self.target.reset()
+        if self.draft is not None:
+            self.draft.reset()
+
     def close(self) -> None:
         self.target.close()
         if self.draft is not None:
@@ -400,6 +409,7 @@ class SpeculativeEngine:
         activity.idle()
         for chunk in run.text.finish():
             yield chunk
+        self._explain_outcome(run, controller)
         controller.end_request()
         run.stats.total_seconds = time.perf_counter() - t_start
         run.stats.decode_seconds = (self._decode_seconds() - decode_before
@@ -435,6 +445,17 @@ class SpeculativeEngine:
             run.stats.policy = "auto with prompt lookup (free to draft; verified when it pays)"
             return
         run.stats.policy = "auto: " + controller.explain()
+
+    @staticmethod
+    def _explain_outcome(run: _Run, controller: DraftController) -> None:
+        """Auto's reason as the request ends: what it learned there, beside what it did. The
+        reason given at the start (from past requests) could contradict the figures shown next
+        to it, e.g. "plain decoding" beside a run that drafted most of its tokens."""
+        s = run.stats
+        if not s.policy.startswith("auto: ") or s.draft_rounds == 0:
+            return  # fixed K, plain or lookup only: the reason given at the start stands
+        s.policy = (f"auto: drafted in {s.draft_rounds} of {s.target_passes} steps, "
+                    f"{s.acceptance_rate:.0%} accepted; by the end, " + controller.explain())
 
     # -- choosing tokens --------------------------------------------------------------------------
     def _choose(self, logits: np.ndarray, history: Sequence[int], run: _Run,

@@ -63,6 +63,13 @@ class GenerationStats:
         return 1000.0 * self.host_seconds / self.target_passes if self.target_passes else 0.0
 
     @property
+    def host_ms_per_token(self) -> float:
+        """The same host time per generated token: what each token costs beyond the models'
+        own work, so what a fast GPU's throughput loses to it."""
+        n = self.completion_tokens
+        return 1000.0 * self.host_seconds / n if n else 0.0
+
+    @property
     def host_ms_per_decode(self) -> float:
         """The same host time per model step (any llama_decode call, draft or target): while
         drafting, one target pass also carries the draft's K steps and their picks."""
@@ -104,6 +111,7 @@ class GenerationStats:
             "decode_calls": self.decode_calls,
             "host_ms_per_step": round(self.host_ms_per_step, 4),
             "host_ms_per_decode": round(self.host_ms_per_decode, 4),
+            "host_ms_per_token": round(self.host_ms_per_token, 4),
             "policy": self.policy,
             "tokens_per_second": round(self.tokens_per_second, 3),
             "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
@@ -141,8 +149,9 @@ class GenerationStats:
             f"{self.accepted} ({self.acceptance_rate:.0%}), mean accepted length "
             f"{self.mean_accepted_length:.2f}, mean K {self.mean_k:.2f}, "
             f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s / "
-            f"sampling {self.sample_seconds:.2f}s, host {self.host_ms_per_step:.2f} ms/step "
-            f"({self.host_ms_per_decode:.2f} ms/model step)"
+            f"sampling {self.sample_seconds:.2f}s, host {self.host_ms_per_token:.2f} ms/token "
+            f"({self.host_ms_per_step:.2f} ms/target pass, {self.host_ms_per_decode:.2f} "
+            "ms/model step)"
             + (f"; this machine's costs measured in {self.calibration_seconds:.2f}s (once, "
                "then cached)" if self.calibration_seconds else "")
         )
