@@ -155,8 +155,15 @@ class AcceptanceModel:
         """Recompute the depth estimates from ``start`` down (O(MAX_DEPTH), once per step)."""
         for d in range(start, MAX_DEPTH):
             prior = self.prior_rates[d]
+            above = self.prior_rates[d - 1] if d else None
             if prior is None:
                 prior = self.rates[d - 1]
+            elif above:
+                # Past requests' profile over depth, at this request's level: scaled as this
+                # request's estimate one depth shallower stands to its carried prior. Else a
+                # depth that past prose held low stays low in code that the draft gets right,
+                # and auto never drafts deep enough to learn otherwise.
+                prior = min(1.0, prior * self.rates[d - 1] / above)
             w = self._depth_prior[d]
             self.rates[d] = (self._depth_hits[d] + w * prior) / (self._depth_seen[d] + w)
 
