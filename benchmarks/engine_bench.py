@@ -138,17 +138,17 @@ def _row(name: str, kind: str, rows: list[dict[str, Any]], res: dict[str, Any]) 
     dec = sum(p["decode_speedup"] or 0 for p in rows) / len(rows)
     acc = sum(p["acceptance_rate"] for p in rows) / len(rows)
     ttft = sum(p["spec_ttft_seconds"] / p["plain_ttft_seconds"] for p in rows) / len(rows)
-    host = sum(p["spec_host_ms_per_step"] for p in rows) / len(rows)
-    per_decode = sum(p.get("spec_host_ms_per_decode", 0.0) for p in rows) / len(rows)
+    host = "/".join(f"{sum(p.get(f'spec_host_ms_per_{unit}', 0.0) for p in rows) / len(rows):.2f}"
+                    for unit in ("token", "step", "decode"))
     ident = all(p["identical"] for p in rows)
     return (f"| {name} | {kind} | {tp:.1f} | {ts:.1f} | {_kind_speedup(res, kind):.2f}x | "
-            f"{dec:.2f}x | {acc:.0%} | {ttft:.2f} | {host:.2f} ({per_decode:.2f}) | "
-            f"{'yes' if ident else 'NO'} |")
+            f"{dec:.2f}x | {acc:.0%} | {ttft:.2f} | {host} | {'yes' if ident else 'NO'} |")
 
 
 def summary(report: dict[str, Any]) -> str:
     lines = ["| target | kind | llama-cpp-python tok/s | localspec tok/s | speedup | decode "
-             "speedup | acceptance | TTFT ratio | host ms/pass (/model step) | identical |",
+             "speedup | acceptance | TTFT ratio | host ms per token/pass/model step | "
+             "identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in report["greedy"].items():
         for kind in ("code", "prose", "edit"):

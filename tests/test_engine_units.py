@@ -279,6 +279,28 @@ def test_unreached_depths_borrow_from_the_depth_above() -> None:
     assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.95]))
 
 
+def test_deeper_depths_follow_this_requests_level() -> None:
+    """Prose taught low acceptance at depth 2; in the next request (code the draft gets right)
+    the first drafted token keeps being accepted. Depth 2, never reached yet, is expected at
+    past requests' shape but this request's level: held at prose's rate, auto drafted one
+    token per step where two paid (0.91x the best fixed K on a prose prompt after another)."""
+    acc = AcceptanceModel()
+    acc.start_request()
+    for _ in range(30):  # prose: the first token accepted about half the time, rarely two
+        acc.observe([0.5, 0.5], n_accepted=1)
+        acc.observe([0.5, 0.5], n_accepted=0)
+    acc.end_request()
+    acc.start_request()
+    carried = acc.depth_rates(0, 2)
+    assert carried[1] < carried[0] < 0.6
+    for _ in range(8):  # this request: only one token drafted per step, always accepted
+        acc.observe([0.9], n_accepted=1)
+    first, second = acc.depth_rates(0, 2)
+    assert first > carried[0] + 0.2
+    # The same ratio to the carried prior at the depth no outcome of this request reached.
+    assert second == pytest.approx(carried[1] * first / carried[0])
+
+
 def test_a_request_trusts_its_own_outcomes_within_a_few_steps() -> None:
     """A prompt after a copy-heavy one (97% accepted) is judged by its own acceptance after
     a handful of steps, not a dozen: borrowed optimism drafted too long on the next prompt."""
