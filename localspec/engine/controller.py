@@ -395,10 +395,8 @@ class DraftController:
             return j < self.fixed_k
         if j >= self.k_max:
             return False
-        while len(prop.estimates) < j:
-            prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
         # A prefix of n <= j tokens costs the j draft steps already spent; a longer draft, n.
-        probs = prop.estimates[:j] + self.model_acc.depth_rates(j, self.k_max - j)
+        probs = self._estimates(prop, j) + self.model_acc.depth_rates(j, self.k_max - j)
         stop = 0.0
         for n, rate in _step_rates(probs, self.costs, self.ties.rate,
                                    per_token=self.costs.draft_token, spent=j):
@@ -407,6 +405,13 @@ class DraftController:
             elif rate > stop:
                 return True
         return False
+
+    def _estimates(self, prop: Proposal, n: int) -> list[float]:
+        """The acceptance estimates of a model draft's first ``n`` tokens, from their
+        confidences: each computed once and kept on the proposal (keep_going asks per token)."""
+        while len(prop.estimates) < n:
+            prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
+        return prop.estimates[:n]
 
     def trim(self, prop: Proposal, draft_seconds: float) -> int:
         """How many of the drafted tokens to verify (drafting time is already spent).
@@ -418,9 +423,7 @@ class DraftController:
             return len(prop.tokens)
         acc = self.lookup_acc if prop.source == "lookup" else self.model_acc
         if prop.source == "model":
-            while len(prop.estimates) < len(prop.confidences):
-                prop.estimates.append(acc.estimate(prop.confidences[len(prop.estimates)]))
-            probs = prop.estimates[:len(prop.tokens)]
+            probs = self._estimates(prop, len(prop.tokens))
         else:
             probs = [acc.rate] * len(prop.tokens)
         best_k, _ = _best_prefix(probs, draft_seconds, self.costs, tie=self.ties.rate)

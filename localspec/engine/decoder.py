@@ -372,7 +372,7 @@ class SpeculativeEngine:
         controller = DraftController(self._costs, min(req.draft.k_max, self.k_max)
                                      if req.draft.k is None else req.draft.k, req.draft.k, *acc)
         lookup = PromptLookupDrafter(req.draft.lookup_ngram_max, req.draft.lookup_ngram_min)
-        self._decide_policy(run, controller)
+        auto_explains = self._decide_policy(run, controller)
 
         while run.reason is None:
             if cancel is not None and cancel.is_set():
@@ -409,7 +409,8 @@ class SpeculativeEngine:
         activity.idle()
         for chunk in run.text.finish():
             yield chunk
-        self._explain_outcome(run, controller)
+        if auto_explains:
+            self._explain_outcome(run, controller)
         controller.end_request()
         run.stats.total_seconds = time.perf_counter() - t_start
         run.stats.decode_seconds = (self._decode_seconds() - decode_before
@@ -425,26 +426,29 @@ class SpeculativeEngine:
     def _decode_calls(self) -> int:
         return self.target.decode_calls + (self.draft.decode_calls if self.draft else 0)
 
-    def _decide_policy(self, run: _Run, controller: DraftController) -> None:
-        """Whether this request speculates, and why (shown by --verbose and the chat app)."""
+    def _decide_policy(self, run: _Run, controller: DraftController) -> bool:
+        """Whether this request speculates, and why (shown by --verbose and the chat app).
+        True when auto decides with the draft model: its reason is then given again at the
+        end, from what the request taught it."""
         ds = run.req.draft
         if ds.mode == "none":
             run.stats.policy = "plain decoding (draft mode none)"
-            return
+            return False
         if ds.k is not None:
             run.stats.policy = f"fixed K={ds.k}"
-            return
+            return False
         if ds.exact and run.rule in ("greedy", "coupled") and not self.drift_ok_for_exact:
             assert self.calibration is not None
             run.speculate = False
             run.stats.policy = (f"plain decoding (--exact): batched logits drift "
                                 f"{self.calibration.drift:.3f} > {EXACT_DRIFT_LIMIT} on this "
                                 "build, so a batched verification could change the output")
-            return
+            return False
         if ds.mode == "lookup" or self._drafter is None:
             run.stats.policy = "auto with prompt lookup (free to draft; verified when it pays)"
-            return
+            return False
         run.stats.policy = "auto: " + controller.explain()
+        return True
 
     @staticmethod
     def _explain_outcome(run: _Run, controller: DraftController) -> None:
@@ -452,8 +456,8 @@ class SpeculativeEngine:
         reason given at the start (from past requests) could contradict the figures shown next
         to it, e.g. "plain decoding" beside a run that drafted most of its tokens."""
         s = run.stats
-        if not s.policy.startswith("auto: ") or s.draft_rounds == 0:
-            return  # fixed K, plain or lookup only: the reason given at the start stands
+        if s.draft_rounds == 0:
+            return  # nothing drafted: the reason given at the start stands
         s.policy = (f"auto: drafted in {s.draft_rounds} of {s.target_passes} steps, "
                     f"{s.acceptance_rate:.0%} accepted; by the end, " + controller.explain())
 
