@@ -58,6 +58,23 @@ def test_bench_json_has_speedup_and_identity(target_gguf: Path, draft_gguf: Path
         assert p["plain_tokens_per_second"] > 0 and p["spec_tokens_per_second"] > 0
 
 
+def test_bench_checks_seeded_coupled_sampling_for_identity(
+        target_gguf: Path, draft_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seeded sampling under the coupled rule is the engine's plain sampling token for token,
+    so bench checks it; the rejection rule only preserves the distribution, so it does not."""
+    base = ["bench", "--target", str(target_gguf), "--draft", str(draft_gguf), "--ctx", "512",
+            "-n", "30", "--prompt", "the model", "--temperature", "0.9", "-k", "3",
+            "--baseline", "engine", "--json"]
+    assert main([*base, "--seed", "11"]) == 0
+    coupled = json.loads(capsys.readouterr().out)
+    assert coupled["all_identical"] is True and coupled["prompts"][0]["identical"] is True
+    assert coupled["prompts"][0]["acceptance_rate"] > 0  # it drafted, and kept the text
+    assert main([*base, "--seed", "11", "--accept-rule", "rejection"]) == 0
+    assert json.loads(capsys.readouterr().out)["all_identical"] is None
+    assert main([*base[:-1], "--seed", "11", "--accept-rule", "rejection"]) == 0
+    assert "n/a (sampled" in capsys.readouterr().out
+
+
 def test_bench_builtin_prompt_kinds(target_gguf: Path, draft_gguf: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--target", str(target_gguf), "--draft", str(draft_gguf), "--ctx",

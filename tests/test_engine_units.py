@@ -345,18 +345,35 @@ def test_near_tie_rate_is_learned_and_carried() -> None:
 
 
 def test_top_k_ids_finds_the_k_largest_without_a_full_partition() -> None:
-    """The band search returns exactly the top-k set on peaked, ordinary and flat logits."""
-    from localspec.engine.sampling import _top_k_ids
+    """The column-maxima search returns exactly the top-k values on peaked, ordinary, flat and
+    tied logits, when the top tokens crowd into one column of its grid, and when the best
+    token sits in the ragged tail of a vocabulary the grid does not divide."""
+    from localspec.engine.sampling import _GRID_ROWS, _top_k_ids
 
     rng = np.random.default_rng(11)
-    for scale, peak in ((2.5, 9.0), (1.0, 0.0), (0.001, 0.0), (30.0, 40.0)):
-        x = (rng.standard_normal(151_936) * scale).astype(np.float32)
-        x[rng.integers(0, x.size, 5)] += peak
+    cases = []
+    for n in (151_936, 151_936 + 37, 256):
+        for scale, peak in ((2.5, 9.0), (1.0, 0.0), (0.001, 0.0), (30.0, 40.0)):
+            x = (rng.standard_normal(n) * scale).astype(np.float32)
+            x[rng.integers(0, n, 5)] += peak
+            cases.append(x)
+        tied = np.round(rng.standard_normal(n)).astype(np.float32)  # a few distinct values
+        cases.append(tied)
+        crowded = (rng.standard_normal(n)).astype(np.float32)
+        cols = n // _GRID_ROWS
+        crowded[7::cols] += 20.0  # every row's token of one column beats the rest
+        cases.append(crowded)
+        tail = (rng.standard_normal(n)).astype(np.float32)
+        tail[-1] += 50.0
+        cases.append(tail)
+    for x in cases:
         for k in (1, 40, 300):
-            got = np.sort(_top_k_ids(x, float(x.max()), k))
-            want = np.sort(np.argsort(-x, kind="stable")[:k])
-            assert got.size == k
-            assert np.array_equal(np.sort(x[got]), np.sort(x[want])), (scale, k)
+            if k >= x.size:
+                continue
+            got = _top_k_ids(x, k)
+            want = np.argsort(-x, kind="stable")[:k]
+            assert got.size == np.unique(got).size == k
+            assert np.array_equal(np.sort(x[got]), np.sort(x[want])), (x.size, k)
 
 
 def test_confidence_is_the_top_probability() -> None:
@@ -367,3 +384,30 @@ def test_confidence_is_the_top_probability() -> None:
     assert abs(confidence(x) - 0.75) < 1e-3
     x[9] = -8.5  # more than 10 logits below: left out, as documented
     assert confidence(x) == 1.0
+
+
+def test_gumbel_noise_is_the_same_for_few_and_many_candidates() -> None:
+    """Small candidate sets hash and score with Python numbers, large ones with numpy: a
+    token's noise, the coupled choice and prob_of must not depend on which path ran."""
+    from localspec.engine.sampling import _FEW, coupled_choice, gumbel_noise
+
+    rng = np.random.default_rng(5)
+    for seed, position in ((7, 0), (-3, 41), (2**63 + 5, 10_000)):
+        many = rng.choice(151_936, size=_FEW * 3, replace=False).astype(np.int64)
+        few = many[:_FEW]
+        assert np.allclose(gumbel_noise(seed, position, few),
+                           gumbel_noise(seed, position, many)[:_FEW], rtol=1e-15, atol=0)
+        # A Gumbel sample: mean ~0.577 (Euler's constant) over many tokens.
+        assert abs(float(gumbel_noise(seed, position, np.arange(20_000)).mean()) - 0.577) < 0.03
+
+        logits = rng.standard_normal(_FEW * 3)
+        logits[_FEW:] -= 1e3  # the extra tokens cannot win
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        big = Candidates(many, logits, probs)
+        small = Candidates(few, logits[:_FEW], probs[:_FEW] / probs[:_FEW].sum())
+        a, b = (coupled_choice(c, 0.8, seed, position) for c in (big, small))
+        assert a.token == b.token and abs(a.margin - b.margin) < 1e-9
+        tok = int(few[3])
+        assert abs(big.prob_of(tok) - small.prob_of(tok)) < 1e-12
+        assert big.prob_of(-1) == small.prob_of(-1) == 0.0

@@ -247,7 +247,9 @@ def _print_table(result: dict[str, Any]) -> None:
         print(f"overall: {result['spec_tokens_per_second']:.1f} tok/s "
               "(no --baseline-url, so no speedup)")
         return
-    same = {True: "yes", False: "NO", None: "n/a (sampling)"}[result["all_identical"]]
+    same = {True: "yes", False: "NO",
+            None: "n/a (sampled: only seeded coupled runs against the engine must match)"}[
+        result["all_identical"]]
     print(f"overall: {result['plain_tokens_per_second']:.1f} -> "
           f"{result['spec_tokens_per_second']:.1f} tok/s, speedup {result['speedup']:.2f}x, "
           f"identical output: {same}")

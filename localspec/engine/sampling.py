@@ -19,6 +19,7 @@ the same noise, so it guesses the target's token whenever their distributions ag
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Sequence
@@ -35,6 +36,12 @@ AcceptRule = Literal["coupled", "rejection", "match"]
 # reused mask (per thread: front ends may run engines from several threads).
 _scratch = threading.local()
 
+# Candidate sets up to this size are handled with Python numbers, not numpy: right after a
+# decode each numpy call costs ~20 us more than warm (see confidence), and a coupled choice
+# made ~25 of them to hash and score a handful of tokens. Larger sets (top-k off, a flat
+# distribution) stay vectorised.
+_FEW = 64
+
 
 def _at_least(x: np.ndarray, threshold: float) -> np.ndarray:
     """``x >= threshold`` in a reused buffer (valid until the next call on this thread)."""
@@ -50,30 +57,36 @@ def _ids_at_least(x: np.ndarray, threshold: float) -> np.ndarray:
     return np.flatnonzero(_at_least(x, threshold))
 
 
-def _top_k_ids(x: np.ndarray, best: float, k: int) -> np.ndarray:
-    """The ids of the ``k`` largest logits, in no particular order.
+# The top-k search views the vocabulary as a grid of this many rows (see _top_k_ids).
+_GRID_ROWS = 64
 
-    Partitioning a 152k vocabulary costs ~0.4 ms; instead find a band below the best logit
-    that holds at least ``k`` tokens but not many more (widening, then halving: a few cheap
-    counting passes) and partition only the band."""
-    lo, hi = 0.0, 4.0
-    count = int(np.count_nonzero(_at_least(x, best - hi)))
-    while count < k:
-        if hi >= 64.0:  # flatter than any language model: partition everything
-            return np.argpartition(x, -k)[-k:]
-        lo, hi = hi, 2.0 * hi
-        count = int(np.count_nonzero(_at_least(x, best - hi)))
-    for _ in range(4):
-        if count <= 8 * k:
-            break
-        mid = 0.5 * (lo + hi)
-        n_mid = int(np.count_nonzero(_at_least(x, best - mid)))
-        if n_mid >= k:
-            hi, count = mid, n_mid
-        else:
-            lo = mid
-    ids = _ids_at_least(x, best - hi)
-    return ids if ids.size == k else ids[np.argpartition(x[ids], -k)[-k:]]
+
+@functools.lru_cache(maxsize=8)
+def _row_starts(cols: int) -> np.ndarray:
+    return (np.arange(_GRID_ROWS, dtype=np.intp) * cols)[:, None]
+
+
+def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the ``k`` largest logits, in no particular order, in one pass over the
+    vocabulary.
+
+    Partitioning a 152k vocabulary costs ~0.4 ms. Instead view it as a grid of _GRID_ROWS rows
+    and take each column's maximum (one vectorised pass, the only one). The top k lie in the k
+    columns with the largest maxima (or the ragged tail): a token outside them is at most its
+    column's maximum, which each chosen column's maximum matches or beats, so the chosen
+    columns hold k tokens at least as large. Partitioning those 64k tokens is cheap."""
+    n = x.shape[0]
+    if k >= n:
+        return np.arange(n)
+    cols = n // _GRID_ROWS
+    if cols < 4 * k:  # a small vocabulary: partitioning it all is cheap
+        return np.argpartition(x, -k)[-k:]
+    main = cols * _GRID_ROWS
+    best_cols = np.argpartition(x[:main].reshape(_GRID_ROWS, cols).max(axis=0), -k)[-k:]
+    pool = (_row_starts(cols) + best_cols).ravel()
+    if main < n:
+        pool = np.concatenate((pool, np.arange(main, n)))
+    return pool[np.argpartition(x[pool], -k)[-k:]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +130,9 @@ class Candidates:
     probs: np.ndarray  # float64, sums to 1
 
     def prob_of(self, token: int) -> float:
+        if self.ids.size <= _FEW:  # see _FEW
+            ids = self.ids.tolist()
+            return float(self.probs[ids.index(token)]) if token in ids else 0.0
         hit = np.flatnonzero(self.ids == token)
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
@@ -149,24 +165,27 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
 def candidates(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> Candidates:
     """The processed distribution of one position, over its candidates only.
 
-    A few passes over the vocabulary (its best logit, then the tokens within a band below it);
-    the rest works on a few dozen tokens. Without top-k, top-p normalises over the tokens within
-    _BAND of the best: each one left out weighs less than exp(-_BAND) of the best one."""
+    With top-k, one pass over the vocabulary (see _top_k_ids); without it, a few (its best
+    logit, then the tokens within a band below it). The rest works on a few dozen tokens.
+    Without top-k, top-p normalises over the tokens within _BAND of the best: each one left out
+    weighs less than exp(-_BAND) of the best one."""
     x = apply_penalties(logits, history, p)
     n = x.shape[0]
-    best = float(x.max())
     top_k = p.top_k if 0 < p.top_k < n else 0
-    floor = best + math.log(p.min_p) if p.min_p > 0.0 else -math.inf
     total = 0.0  # top-p's normaliser (the mass it takes its share of), relative to the best
     if top_k:
-        ids = _top_k_ids(x, best, top_k)
+        ids = _top_k_ids(x, top_k)
         vals = x[ids].astype(np.float64)
+        best = float(vals.max())  # the top k hold the best: no pass over the vocabulary for it
+        floor = _min_p_floor(best, p)
         if p.top_p < 1.0:
             total = float(np.exp(vals - best).sum())
         # min-p keeps a best-first prefix, so it may cut before top-p does.
         above = vals >= floor
         ids, vals = ids[above], vals[above]
     else:
+        best = float(x.max())
+        floor = _min_p_floor(best, p)
         if p.top_p < 1.0:
             band_ids = _ids_at_least(x, best - _BAND)
             total = float(np.exp(x[band_ids] - np.float32(best)).sum(dtype=np.float64))
@@ -189,6 +208,11 @@ def candidates(logits: np.ndarray, history: Sequence[int], p: SamplingParams) ->
 
 
 _BAND = 24.0
+
+
+def _min_p_floor(best: float, p: SamplingParams) -> float:
+    """The lowest logit min-p keeps: a probability of at least min_p times the best's."""
+    return best + math.log(p.min_p) if p.min_p > 0.0 else -math.inf
 
 
 def _top_p(x: np.ndarray, ids: np.ndarray, vals: np.ndarray, best: float, total: float,
@@ -242,9 +266,12 @@ def greedy_choice(logits: np.ndarray, history: Sequence[int], p: SamplingParams,
     return Choice(tok, 0.0 if close > 1 else math.inf)
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASK64 = (1 << 64) - 1
+_GOLDEN_INT = 0x9E3779B97F4A7C15
+_GOLDEN = np.uint64(_GOLDEN_INT)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+_TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -254,25 +281,56 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> _S31)
 
 
+def _mix_int(z: int) -> int:
+    """_mix on one Python integer (the same bits)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _noise_key(seed: int, position: int) -> int:
+    key = _mix_int(seed & _MASK64)
+    return _mix_int(key ^ ((position * _GOLDEN_INT + _GOLDEN_INT) & _MASK64))
+
+
 def gumbel_noise(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """Standard Gumbel noise for (seed, position, token id): the same numbers for the same key,
     in any process, whatever else was computed before (a counter-based generator)."""
+    key = _noise_key(seed, position)
+    if ids.size <= _FEW:
+        return np.array([_gumbel_of(key, tok) for tok in ids.tolist()], dtype=np.float64)
     with np.errstate(over="ignore"):
-        key = _mix(np.array([seed & 0xFFFF_FFFF_FFFF_FFFF], dtype=np.uint64))
-        key = _mix(key ^ (np.uint64(position) * _GOLDEN + _GOLDEN))
-        z = _mix(ids.astype(np.uint64) * _GOLDEN + key)
-    u = ((z >> _S11).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)  # (0, 1)
+        z = _mix(ids.astype(np.uint64) * _GOLDEN + np.uint64(key))
+    u = ((z >> _S11).astype(np.float64) + 0.5) * _TO_UNIT  # (0, 1)
     return -np.log(-np.log(u))
+
+
+def _gumbel_of(key: int, token: int) -> float:
+    """gumbel_noise for one token. math.log and numpy's log may differ in the last bit on some
+    CPUs; only a score tie at that precision could tell, and the near-tie guard is far wider."""
+    z = _mix_int((token * _GOLDEN_INT + key) & _MASK64)
+    return -math.log(-math.log((float(z >> 11) + 0.5) * _TO_UNIT))
 
 
 def coupled_choice(c: Candidates, temperature: float, seed: int, position: int) -> Choice:
     """The Gumbel-max sample of ``c`` under the noise of (seed, position)."""
-    scores = c.logits / temperature + gumbel_noise(seed, position, c.ids)
-    i = int(np.argmax(scores))
-    if scores.size < 2:
-        return Choice(int(c.ids[i]), math.inf)
-    top2 = np.partition(scores, -2)[-2:]
-    return Choice(int(c.ids[i]), float(top2[1] - top2[0]) * temperature)
+    if c.ids.size > _FEW:
+        scores = c.logits / temperature + gumbel_noise(seed, position, c.ids)
+        i = int(np.argmax(scores))
+        if scores.size < 2:
+            return Choice(int(c.ids[i]), math.inf)
+        top2 = np.partition(scores, -2)[-2:]
+        return Choice(int(c.ids[i]), float(top2[1] - top2[0]) * temperature)
+    key = _noise_key(seed, position)
+    ids = c.ids.tolist()
+    best, second, token = -math.inf, -math.inf, ids[0]
+    for tok, logit in zip(ids, c.logits.tolist(), strict=True):
+        score = logit / temperature + _gumbel_of(key, tok)
+        if score > best:
+            best, second, token = score, best, tok
+        elif score > second:
+            second = score
+    return Choice(token, (best - second) * temperature)
 
 
 # Tokens further than this below the best leave the confidence out: each weighs less than
