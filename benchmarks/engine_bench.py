@@ -116,9 +116,8 @@ def main() -> int:
             save()
     f16 = args.models / TARGETS["F16"]
     if not args.skip_sampling:
-        sampled = argparse.Namespace(**{**vars(args), "repeats": 2})
         report["sampling"] = {
-            rule: _bench(f16, draft, sampled, "--kind", "code", "--kind", "prose",
+            rule: _bench(f16, draft, args, "--kind", "code", "--kind", "prose",
                          "--temperature", "0.8", "--seed", "7", "--accept-rule", rule,
                          "--baseline", "engine")
             for rule in ("coupled", "rejection", "match")
