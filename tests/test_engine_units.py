@@ -177,22 +177,6 @@ def test_concave_verify_cost_considers_longer_drafts() -> None:
     assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.97]))
 
 
-def test_time_a_draft_already_took_favours_drafting_longer() -> None:
-    """A draft's first decode also catches up on the last step's tokens. Time spent beyond the
-    modelled draft steps is a fixed cost of this step, which a longer draft spreads over more
-    tokens (F16 on a CPU: verifying 6 tokens costs little more than 3)."""
-    costs = CostModel.from_measurements({1: 0.128, 3: 0.146, 4: 0.208, 6: 0.247, 8: 0.33},
-                                        k_max=8, draft=0.0255)
-    ctl = DraftController(costs, 8, ties=NearTieRate(prior=0.01))
-    ctl.model_acc.rate = 0.95
-
-    def two_drafted(seconds: float) -> Proposal:
-        return Proposal("model", tokens=[1, 2], confidences=[0.99, 0.99], seconds=seconds)
-
-    assert not ctl.keep_going(2, two_drafted(2 * 0.0255))  # just the modelled steps: stop
-    assert ctl.keep_going(2, two_drafted(2 * 0.0255 + 0.02))  # 20 ms catching up: go on
-
-
 def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:
     compute_bound = _controller(t1=0.04, per_extra=0.04, draft=0.02)
     for _ in range(200):

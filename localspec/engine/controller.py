@@ -390,24 +390,16 @@ class DraftController:
         Stopping now means verifying the best prefix of what was drafted (the j draft steps are
         spent either way); going on means some longer draft whose unseen tokens are accepted at
         the running rate. The drafted tokens' own confidences make this an early stop when the
-        draft starts guessing.
-
-        What this draft took beyond j modelled draft steps (``prop.seconds``: mostly its first
-        decode catching up on the last step's tokens, two of them after a full acceptance) is
-        spent either way, and like any fixed cost per step it favours the longer draft that
-        spreads it over more tokens. Left out, auto held an F16 target's code at 2 tokens per
-        step where 5 ran 7% faster (the draft took 71 ms per step at K=2, not 2 x 25)."""
+        draft starts guessing."""
         if self.fixed_k is not None:
             return j < self.fixed_k
         if j >= self.k_max:
             return False
         # A prefix of n <= j tokens costs the j draft steps already spent; a longer draft, n.
         probs = self._estimates(prop, j) + self.model_acc.depth_rates(j, self.k_max - j)
-        per_token = self.costs.draft_token
         stop = 0.0
         for n, rate in _step_rates(probs, self.costs, self.ties.rate,
-                                   fixed=max(0.0, prop.seconds - per_token * j),
-                                   per_token=per_token, spent=j):
+                                   per_token=self.costs.draft_token, spent=j):
             if n <= j:
                 stop = max(stop, rate)
             elif rate > stop:

@@ -123,7 +123,6 @@ class ModelDrafter:
             prop.tokens.append(tok)
             prop.confidences.append(conf)
             history.append(tok)
-            prop.seconds = time.perf_counter() - t0  # what keep_going weighs as spent
             if len(prop.tokens) >= max_k or not keep_going(len(prop.tokens), prop):
                 break
             t_step = time.perf_counter()
