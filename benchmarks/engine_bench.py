@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--only", choices=list(TARGETS), action="append")
     ap.add_argument("--sweep-k", default="1,2,3,5,8", help="fixed K beside auto on F16")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-greedy", action="store_true", help="only sampling and memory")
     ap.add_argument("--skip-sampling", action="store_true")
     args = ap.parse_args()
     draft = args.models / DRAFT
@@ -96,7 +97,7 @@ def main() -> int:
         out.write_text(json.dumps(report, indent=2))
 
     for name, file in TARGETS.items():
-        if args.only and name not in args.only:
+        if args.skip_greedy or (args.only and name not in args.only):
             continue
         extra = ["--sweep-k", args.sweep_k] if name == "F16" and args.sweep_k else []
         report["greedy"][name] = _bench(args.models / file, draft, args,
@@ -171,8 +172,9 @@ def summary(report: dict[str, Any]) -> str:
                 lines.append(f"{name} {p['name']}: differs at token {d['position']}, top-2 "
                              f"margin {d['top2_margin']} (guard {d['tie_margin']}, near tie: "
                              f"{d['near_tie']})")
-    worst = min(p["speedup"] for r in report["greedy"].values() for p in r["prompts"])
-    lines.append(f"worst single prompt: {worst:.2f}x")
+    speedups = [p["speedup"] for r in report["greedy"].values() for p in r["prompts"]]
+    if speedups:
+        lines.append(f"worst single prompt: {min(speedups):.2f}x")
     for name, res in report.get("repack_on", {}).items():
         if isinstance(res, str):
             lines.append(f"{name} with repacking on: {res}")
@@ -184,8 +186,14 @@ def summary(report: dict[str, Any]) -> str:
             for kind in ("code", "prose"):
                 rows = [p for p in res["prompts"] if p["kind"] == kind]
                 acc = sum(p["acceptance_rate"] for p in rows) / len(rows)
+                host = [p["spec_host_ms_per_token"] for p in rows]
+                same = {True: "yes", False: "NO", None: "not compared"}[
+                    all(p["identical"] for p in rows) if res["all_identical"] is not None
+                    else None]
                 lines.append(f"temperature 0.8, F16, {kind}, {rule}: acceptance {acc:.0%}, "
-                             f"speedup {_kind_speedup(res, kind):.2f}x over plain sampling")
+                             f"speedup {_kind_speedup(res, kind):.2f}x over plain sampling, "
+                             f"host {min(host):.2f}-{max(host):.2f} ms per token, "
+                             f"identical: {same}")
     if "memory" in report:
         m = report["memory"]
         budget = m["target_alone_mb"] + m["draft_alone_mb"] + 100
