@@ -74,7 +74,7 @@ def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
     and take each column's maximum (one vectorised pass, the only one). The top k lie in the k
     columns with the largest maxima (or the ragged tail): a token outside them is at most its
     column's maximum, which each chosen column's maximum matches or beats, so the chosen
-    columns hold k tokens at least as large. Partitioning those 64k tokens is cheap."""
+    columns hold k tokens at least as large. Partitioning their 64 x k tokens is cheap."""
     n = x.shape[0]
     if k >= n:
         return np.arange(n)
@@ -316,11 +316,9 @@ def coupled_choice(c: Candidates, temperature: float, seed: int, position: int) 
     """The Gumbel-max sample of ``c`` under the noise of (seed, position)."""
     if c.ids.size > _FEW:
         scores = c.logits / temperature + gumbel_noise(seed, position, c.ids)
-        i = int(np.argmax(scores))
-        if scores.size < 2:
-            return Choice(int(c.ids[i]), math.inf)
         top2 = np.partition(scores, -2)[-2:]
-        return Choice(int(c.ids[i]), float(top2[1] - top2[0]) * temperature)
+        return Choice(int(c.ids[int(np.argmax(scores))]),
+                      float(top2[1] - top2[0]) * temperature)
     key = _noise_key(seed, position)
     ids = c.ids.tolist()
     best, second, token = -math.inf, -math.inf, ids[0]
