@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from .engine import DraftSettings, GenerationRequest, SamplingParams, SpeculativeEngine
-from .engine.sampling import apply_penalties
+from .engine.sampling import apply_penalties, candidates, coupled_choice
 from .engine.stats import GenerationStats
 
 Baseline = Literal["llama-cpp-python", "engine"]
@@ -197,9 +197,11 @@ def first_difference(engine: SpeculativeEngine, prompt: tuple[int, ...], a: Sequ
                      b: Sequence[int], sampling: SamplingParams) -> dict[str, Any] | None:
     """Where two outputs of one prompt part, and how close the target's choice was there.
 
-    The target's top-2 logit margin at that position comes from a one-token pass (what plain
-    decoding computes): a margin within the engine's near-tie guard means a numerical near-tie
-    that batched kernels may decide differently; a large margin would be a bug."""
+    The target's margin at that position comes from a one-token pass (what plain decoding
+    computes): greedy, its top-2 logit gap; seeded coupled sampling, the gap between its two
+    best Gumbel scores (times the temperature: logit units). A margin within the engine's
+    near-tie guard means a numerical near-tie that batched kernels may decide differently; a
+    large margin would be a bug."""
     n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
              None if len(a) == len(b) else min(len(a), len(b)))
     if n is None:
@@ -210,10 +212,17 @@ def first_difference(engine: SpeculativeEngine, prompt: tuple[int, ...], a: Sequ
     runner.sync(seq[:-1], 1)
     logits = np.array(runner.decode(seq[-1:], 1)[0], dtype=np.float64)
     runner.reset()
-    x = apply_penalties(logits, seq, sampling)
-    top2 = np.sort(np.partition(x, -2)[-2:])
-    margin = float(top2[1] - top2[0])
+    if sampling.greedy or sampling.seed is None:
+        x = apply_penalties(logits, seq, sampling)
+        top2 = np.sort(np.partition(x, -2)[-2:])
+        margin = float(top2[1] - top2[0])
+        target_token = int(np.argmax(x))
+    else:  # the output position n is what the coupled noise is keyed on
+        choice = coupled_choice(candidates(logits, seq, sampling), sampling.temperature,
+                                sampling.seed, n)
+        margin, target_token = choice.margin, choice.token
     return {"position": n, "baseline_token": a[n] if n < len(a) else None,
+            "target_token": target_token,
             "speculative_token": b[n] if n < len(b) else None,
             "top2_margin": round(margin, 5), "tie_margin": round(engine.tie_margin, 5),
             "near_tie": margin < max(engine.tie_margin, 1e-6)}
@@ -256,8 +265,8 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
         alone, fast = next(((x.tokens, y.tokens) for x, y in zip(
             res.runs[baseline], res.runs["speculative"], strict=True) if x.tokens != y.tokens),
             ((), ()))
-        if cfg.sampling.greedy and not isinstance(alone, str) and not isinstance(fast, str) \
-                and alone != fast:
+        if outputs_must_match(cfg, baseline) and not isinstance(alone, str) \
+                and not isinstance(fast, str) and alone != fast:
             res.first_difference = first_difference(engine, tokens, alone, fast, cfg.sampling)
         results.append(res)
     return summarize(results, cfg, baseline, sweep_names)

@@ -222,6 +222,25 @@ def test_seeded_text_is_the_same_whatever_is_drafted(pair: tuple[Path, Path]) ->
             == expected[(PROMPTS[0], SEEDS[0])]
 
 
+def test_first_difference_of_seeded_sampling_is_judged_on_the_coupled_choice(
+        engine: SpeculativeEngine, prompt: tuple[int, ...]) -> None:
+    """bench's diagnosis of a seeded coupled difference re-chooses the token at that output
+    position under the seed from a one-token pass: it is the plain text's token there, with
+    the gap between the two best Gumbel scores as its margin."""
+    from localspec.benchmarking import first_difference
+
+    sp = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    plain = engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=12, sampling=sp,
+                                              draft=DraftSettings(mode="none"))).tokens
+    for n in (0, 4, 9):
+        other = list(plain)
+        other[n] = next(t for t in range(3, 32) if t != plain[n])
+        diff = first_difference(engine, prompt, plain, other, sp)
+        assert diff is not None and diff["position"] == n
+        assert diff["target_token"] == diff["baseline_token"] == plain[n]
+        assert diff["top2_margin"] > 0.0
+
+
 def test_unseeded_requests_differ(engine: SpeculativeEngine, prompt: tuple[int, ...]) -> None:
     sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     outs = {engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=12,
