@@ -389,13 +389,20 @@ def test_confidence_is_the_top_probability() -> None:
 def test_gumbel_noise_is_the_same_for_few_and_many_candidates() -> None:
     """Small candidate sets hash and score with Python numbers, large ones with numpy: a
     token's noise, the coupled choice and prob_of must not depend on which path ran."""
-    from localspec.engine.sampling import _FEW, coupled_choice, gumbel_noise
+    from localspec.engine.sampling import (
+        _FEW,
+        _gumbel_of,
+        _noise_key,
+        coupled_choice,
+        gumbel_noise,
+    )
 
     rng = np.random.default_rng(5)
     for seed, position in ((7, 0), (-3, 41), (2**63 + 5, 10_000)):
         many = rng.choice(151_936, size=_FEW * 3, replace=False).astype(np.int64)
         few = many[:_FEW]
-        assert np.allclose(gumbel_noise(seed, position, few),
+        key = _noise_key(seed, position)
+        assert np.allclose([_gumbel_of(key, int(t)) for t in few],
                            gumbel_noise(seed, position, many)[:_FEW], rtol=1e-15, atol=0)
         # A Gumbel sample: mean ~0.577 (Euler's constant) over many tokens.
         assert abs(float(gumbel_noise(seed, position, np.arange(20_000)).mean()) - 0.577) < 0.03

@@ -296,18 +296,16 @@ def _noise_key(seed: int, position: int) -> int:
 def gumbel_noise(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """Standard Gumbel noise for (seed, position, token id): the same numbers for the same key,
     in any process, whatever else was computed before (a counter-based generator)."""
-    key = _noise_key(seed, position)
-    if ids.size <= _FEW:
-        return np.array([_gumbel_of(key, tok) for tok in ids.tolist()], dtype=np.float64)
     with np.errstate(over="ignore"):
-        z = _mix(ids.astype(np.uint64) * _GOLDEN + np.uint64(key))
+        z = _mix(ids.astype(np.uint64) * _GOLDEN + np.uint64(_noise_key(seed, position)))
     u = ((z >> _S11).astype(np.float64) + 0.5) * _TO_UNIT  # (0, 1)
     return -np.log(-np.log(u))
 
 
 def _gumbel_of(key: int, token: int) -> float:
-    """gumbel_noise for one token. math.log and numpy's log may differ in the last bit on some
-    CPUs; only a score tie at that precision could tell, and the near-tie guard is far wider."""
+    """gumbel_noise for one token, with Python numbers (see _FEW). math.log and numpy's log
+    may differ in the last bit on some CPUs; only a score tie at that precision could tell,
+    and the near-tie guard is far wider."""
     z = _mix_int((token * _GOLDEN_INT + key) & _MASK64)
     return -math.log(-math.log((float(z >> 11) + 0.5) * _TO_UNIT))
 
