@@ -141,7 +141,7 @@ def test_bandwidth_bound_target_drafts_and_stops_on_low_confidence() -> None:
     assert ctl.keep_going(2, confident)
     assert not ctl.keep_going(2, doubtful)
     # Trimming drops a trailing token that is unlikely to be accepted.
-    assert ctl.trim(doubtful, 0.04) == 1
+    assert ctl.trim(doubtful) == 1
 
 
 def test_acceptance_model_learns_from_outcomes() -> None:
@@ -162,7 +162,7 @@ def test_fixed_k_drafts_exactly_k() -> None:
     p = Proposal("model", tokens=[1, 2], confidences=[0.01, 0.01])
     assert ctl.model_worth_trying(room=10)
     assert ctl.keep_going(2, p) and not ctl.keep_going(3, p)
-    assert ctl.trim(p, 1.0) == 2
+    assert ctl.trim(p) == 2
 
 
 def test_concave_verify_cost_considers_longer_drafts() -> None:
@@ -172,7 +172,7 @@ def test_concave_verify_cost_considers_longer_drafts() -> None:
                                         k_max=8, draft=0.01)
     ctl = DraftController(costs, 8)
     ctl.model_acc.rate = 0.75
-    assert ctl._constant_rate(0.75, room=1, per_token=0.01)[0] == 0  # K=1 alone loses
+    assert ctl._constant_rate(0.75, room=1)[0] == 0  # K=1 alone loses
     assert ctl.model_worth_trying(room=100)
     assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.97]))
 

@@ -3,9 +3,12 @@
 The cost side is measured on this machine: the target's time to decode n tokens in one batch and
 the draft's time per token (calibrated at load, then tracked online). The benefit side is the
 expected number of tokens a step yields, from per-token acceptance estimates: the draft model's
-own confidence, calibrated online against what the target actually accepted. Drafting continues
-while one more token raises the expected tokens per second (Leviathan et al.'s expected-length
-argument applied one token at a time); zero drafted tokens, plain decoding, is always a choice.
+own confidence, calibrated online against what the target actually accepted. Whether to draft
+at all is judged on the expected tokens per second of a whole step (Leviathan et al.'s expected
+length); zero drafted tokens, plain decoding, is always a choice. Once drafting, each further
+token is judged at the margin: worth it if the tokens it adds outweigh the seconds it adds,
+priced at the long-run token rate (a renewal-reward argument: time already spent in a step is
+spent whatever comes next, so it must not sway the choice).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ class CostModel:
     # Seconds per token when the draft catches up, in one batch, on tokens it skipped while the
     # target decoded alone; 0 until observed (then estimated from the target's batched curve).
     catch_up_token: float = 0.0
+    # Seconds of a step's first drafted token: the draft first takes in the 1-2 tokens the last
+    # step added (one batch), which costs more than a draft token (here 45 ms against 25 for
+    # the 0.5B draft on a CPU); 0 until observed (then a draft token).
+    draft_first: float = 0.0
 
     @classmethod
     def from_measurements(cls, points: dict[int, float], k_max: int, draft: float) -> CostModel:
@@ -67,6 +74,17 @@ class CostModel:
 
     def observe_draft(self, per_token: float) -> None:
         self.draft_token += self.smoothing * (per_token - self.draft_token)
+
+    def observe_draft_first(self, seconds: float) -> None:
+        self.draft_first = seconds if self.draft_first <= 0 else (
+            self.draft_first + self.smoothing * (seconds - self.draft_first))
+
+    def drafting(self, n: int) -> float:
+        """Seconds to draft ``n`` tokens in a step that follows a drafting step."""
+        if n <= 0:
+            return 0.0
+        first = self.draft_first if self.draft_first > 0 else self.draft_token
+        return first + (n - 1) * self.draft_token
 
     def catch_up(self, n: int) -> float:
         """Seconds for the draft to process ``n`` skipped tokens before it can draft."""
@@ -293,12 +311,10 @@ class PeekSchedule:
         self.interval = self.LEAST if n_accepted else min(2 * self.interval, self.MOST)
 
 
-def _step_rates(probs: Sequence[float], costs: CostModel, tie: float, *, fixed: float = 0.0,
-                per_token: float = 0.0, spent: int = 0) -> Iterator[tuple[int, float]]:
-    """(n, tokens/s) of verifying the first n = 0 .. len(probs) drafted tokens, the i-th
-    accepted with probability ``probs[i]`` given the ones before. A step of n costs ``fixed``
-    seconds, ``per_token`` for each of max(n, ``spent``) draft steps, and a target pass of
-    n + 1 tokens.
+def _step_outcomes(probs: Sequence[float], costs: CostModel,
+                   tie: float) -> Iterator[tuple[int, float, float]]:
+    """(n, expected tokens, target seconds) of verifying the first n = 0 .. len(probs) drafted
+    tokens, the i-th accepted with probability ``probs[i]`` given the ones before.
 
     A step yields 1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.), each p scaled by
     the chance ``1 - tie`` that its position is not a near-tie. A tie yields what a rejection
@@ -315,17 +331,21 @@ def _step_rates(probs: Sequence[float], costs: CostModel, tie: float, *, fixed: 
         if n:
             prefix *= keep * probs[n - 1]
             expected += prefix
-        seconds = fixed + per_token * (n if n > spent else spent) + table[
-            n + 1 if n < widest else widest]
-        yield n, expected / (seconds + tie_step * expected)
+        yield n, expected, table[n + 1 if n < widest else widest] + tie_step * expected
 
 
-def _best_prefix(probs: list[float], fixed_seconds: float, costs: CostModel,
-                 tie: float = 0.0) -> tuple[int, float]:
-    """(n, rate): the prefix length n of ``probs`` whose verification is expected to yield the
-    most tokens per second, ``fixed_seconds`` (drafting already spent) included."""
-    return max(_step_rates(probs, costs, tie, fixed=fixed_seconds),
-               key=lambda nr: (nr[1], -nr[0]))
+def _step_rates(probs: Sequence[float], costs: CostModel,
+                tie: float) -> Iterator[tuple[int, float]]:
+    """(n, tokens/s) of a step that drafts n = 0 .. len(probs) tokens and verifies them all."""
+    for n, expected, seconds in _step_outcomes(probs, costs, tie):
+        yield n, expected / (seconds + costs.drafting(n))
+
+
+def _best_prefix(probs: list[float], costs: CostModel, tie: float = 0.0) -> tuple[int, float]:
+    """(n, rate): the prefix length n of ``probs`` (drafted for free, by prompt lookup) whose
+    verification is expected to yield the most tokens per second."""
+    return max(((n, expected / seconds) for n, expected, seconds
+                in _step_outcomes(probs, costs, tie)), key=lambda nr: (nr[1], -nr[0]))
 
 
 class DraftController:
@@ -354,19 +374,21 @@ class DraftController:
         self.ties.start_request()
         self.peeks = peeks or PeekSchedule()
         self._peeking = False
+        # The token rate this request is expected to keep up (tokens/s): what a drafted token's
+        # seconds are worth. Set with each decision to draft (model_worth_trying).
+        self._long_run: float | None = None
 
     # -- planning -----------------------------------------------------------------------------
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify(1)
 
-    def _constant_rate(self, a: float | list[float], room: int,
-                       per_token: float) -> tuple[int, float]:
+    def _constant_rate(self, a: float | list[float], room: int) -> tuple[int, float]:
         """Best (k, tokens/s) for drafting k tokens, the i-th accepted with probability
         ``a[i]`` (or ``a`` at every depth); k = 0 is plain decoding."""
         n = min(self.k_max, room)
         depths = a[:n] if isinstance(a, list) else [a] * n
         best_k, best = 0, self.plain_rate()
-        for k, rate in _step_rates(depths, self.costs, self.ties.rate, per_token=per_token):
+        for k, rate in _step_rates(depths, self.costs, self.ties.rate):
             if k and rate > best:
                 best_k, best = k, rate
         return best_k, best
@@ -378,31 +400,42 @@ class DraftController:
         in the number of tokens, so K=1 can lose where K=5 wins."""
         if self.fixed_k is not None:
             return room > 0
-        return room > 0 and self.expected_model_rate(room) > self.MARGIN * self.plain_rate()
+        if room <= 0:
+            return False
+        rate = self.expected_model_rate(room)
+        self._long_run = max(rate, self.plain_rate())
+        return rate > self.MARGIN * self.plain_rate()
 
     def expected_model_rate(self, room: int) -> float:
-        return self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room,
-                                   self.costs.draft_token)[1]
+        return self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room)[1]
+
+    def _token_price(self) -> float:
+        """Tokens that a second of this request is worth (see the module's docstring)."""
+        if self._long_run is None:
+            self._long_run = max(self.expected_model_rate(self.k_max), self.plain_rate())
+        return self._long_run
 
     def keep_going(self, j: int, prop: Proposal) -> bool:
         """After j drafted tokens: is drafting more expected to beat stopping now?
 
-        Stopping now means verifying the best prefix of what was drafted (the j draft steps are
-        spent either way); going on means some longer draft whose unseen tokens are accepted at
-        the running rate. The drafted tokens' own confidences make this an early stop when the
-        draft starts guessing."""
+        Stopping now verifies the best prefix of what was drafted; going on drafts to some
+        longer n, whose unseen tokens are accepted at the running rates by depth, and pays
+        n - j more draft tokens. Each option is worth its expected tokens less its seconds at
+        the long-run rate; the j draft tokens already spent count for neither. (A ratio of
+        tokens to seconds over the whole step, spent time included, stopped short after a
+        confident start and drafted on after a doubtful one.) The drafted tokens' own
+        confidences make this an early stop when the draft starts guessing."""
         if self.fixed_k is not None:
             return j < self.fixed_k
         if j >= self.k_max:
             return False
-        # A prefix of n <= j tokens costs the j draft steps already spent; a longer draft, n.
+        price, per_token = self._token_price(), self.costs.draft_token
         probs = self._estimates(prop, j) + self.model_acc.depth_rates(j, self.k_max - j)
-        stop = 0.0
-        for n, rate in _step_rates(probs, self.costs, self.ties.rate,
-                                   per_token=self.costs.draft_token, spent=j):
+        stop = float("-inf")
+        for n, expected, seconds in _step_outcomes(probs, self.costs, self.ties.rate):
             if n <= j:
-                stop = max(stop, rate)
-            elif rate > stop:
+                stop = max(stop, expected - price * seconds)
+            elif expected - price * (seconds + (n - j) * per_token) > stop:
                 return True
         return False
 
@@ -413,7 +446,7 @@ class DraftController:
             prop.estimates.append(self.model_acc.estimate(prop.confidences[len(prop.estimates)]))
         return prop.estimates[:n]
 
-    def trim(self, prop: Proposal, draft_seconds: float) -> int:
+    def trim(self, prop: Proposal) -> int:
         """How many of the drafted tokens to verify (drafting time is already spent).
 
         Tokens dropped here are never verified, so they teach the running rate what the
@@ -421,18 +454,20 @@ class DraftController:
         would keep being run (and paid for) only to be thrown away."""
         if self.fixed_k is not None or not prop.tokens:
             return len(prop.tokens)
-        acc = self.lookup_acc if prop.source == "lookup" else self.model_acc
-        if prop.source == "model":
-            probs = self._estimates(prop, len(prop.tokens))
-        else:
-            probs = [acc.rate] * len(prop.tokens)
-        best_k, _ = _best_prefix(probs, draft_seconds, self.costs, tie=self.ties.rate)
-        if prop.source == "model" and best_k < len(probs):
-            acc.teach(best_k, probs[best_k])
+        if prop.source != "model":
+            return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), self.costs,
+                                tie=self.ties.rate)[0]
+        probs = self._estimates(prop, len(prop.tokens))
+        price = self._token_price()
+        best_k, _ = max(((n, expected - price * seconds) for n, expected, seconds
+                         in _step_outcomes(probs, self.costs, self.ties.rate)),
+                        key=lambda nv: (nv[1], -nv[0]))
+        if best_k < len(probs):
+            self.model_acc.teach(best_k, probs[best_k])
         return best_k
 
     def lookup_rate(self, prop: Proposal) -> float:
-        return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), 0.0, self.costs,
+        return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), self.costs,
                             tie=self.ties.rate)[1]
 
     # -- learning -----------------------------------------------------------------------------
@@ -470,7 +505,7 @@ class DraftController:
         when a peek is otherwise due, since counting walks the whole sequence)."""
         if not self.peeks.due or room <= 0:
             return False
-        _, best = self._constant_rate(0.95, room, self.costs.draft_token)
+        _, best = self._constant_rate(0.95, room)
         plain = self.plain_rate()
         if best <= self.MARGIN * plain:
             return False
@@ -489,8 +524,7 @@ class DraftController:
     def explain(self, room: int = 1 << 30) -> str:
         """Why auto drafts or not, from the measured costs (for --verbose and the chat app)."""
         t1 = self.costs.verify(1)
-        k, rate = self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room,
-                                      self.costs.draft_token)
+        k, rate = self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room)
         # Near-ties matter where the guard is wide (quantized targets): say so when they do.
         ties = (f" and {self.ties.rate:.0%} of positions near-ties"
                 if self.ties.rate >= 0.1 else "")

@@ -512,7 +512,7 @@ class SpeculativeEngine:
             if ds.mode == "lookup" or (
                 cand.tokens and controller.lookup_rate(cand) >= controller.expected_model_rate(cap)
             ):
-                cand.truncate(controller.trim(cand, 0.0))
+                cand.truncate(controller.trim(cand))
                 return cand
         assert self._drafter is not None
         if not controller.model_worth_trying(cap):
@@ -525,9 +525,11 @@ class SpeculativeEngine:
         run.stats.draft_seconds += prop.seconds
         if prop.step_seconds:
             self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
-        self._costs.observe_catch_up(prop.catch_up_tokens,
-                                     prop.seconds - sum(prop.step_seconds))
-        prop.truncate(controller.trim(prop, prop.seconds))
+        first = prop.seconds - sum(prop.step_seconds)
+        if prop.catch_up_tokens <= 2:  # what the last step added: a step's usual start
+            self._costs.observe_draft_first(first)
+        self._costs.observe_catch_up(prop.catch_up_tokens, first)
+        prop.truncate(controller.trim(prop))
         return prop
 
     def _verify(self, run: _Run, prop: Proposal,
