@@ -55,6 +55,15 @@ def test_max_tokens_is_exact(engine: SpeculativeEngine) -> None:
         assert len(res.tokens) == 17 == res.stats.completion_tokens
 
 
+def test_a_steps_first_draft_token_is_measured(engine: SpeculativeEngine) -> None:
+    """The draft's first decode in a step also takes in what the last step added: auto plans
+    with what that costs here, measured, not with the price of a later draft token."""
+    engine._costs.draft_first = 0.0
+    res = run(engine, PROMPTS[1], max_tokens=24, k=3)
+    assert res.stats.draft_rounds >= 2
+    assert 0 < engine._costs.draft_first <= res.stats.draft_seconds
+
+
 def test_eos_stops_generation(tmp_path: Path) -> None:
     # Control tokens' output rows scaled up: EOS becomes a likely greedy choice.
     spec = TinyModelSpec(seed=4, eos_scale=3.0, n_layer=2)
