@@ -89,7 +89,11 @@ def test_demo_builds_once_and_reports(capsys: pytest.CaptureFixture[str],
     assert main(["demo", "--json", "-n", "60"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["identical"] is True
-    assert result["speculative"]["drafted"] > 0
+    # Whether auto drafts on the tiny pair is the measured costs' call, and it is close on a
+    # small CPU (a one-token step is ~2 ms, host time a sizeable part of it): the fixed-K run
+    # is the one sure to draft; auto must say why it did what it did.
+    assert result["fixed"]["drafted"] > 0 and result["fixed"]["accepted"] > 0
+    assert result["why"].startswith("auto")
     built = sorted(p.name for p in (isolated_home / "cache" / "demo-models").iterdir())
     assert built == ["demo-draft.gguf", "demo-target.gguf"]
     mtime = (isolated_home / "cache" / "demo-models" / "demo-target.gguf").stat().st_mtime
