@@ -191,7 +191,7 @@ def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:
     assert not ctl.should_peek(room=50)
     ctl.observe_plain_step()
     assert ctl.should_peek(room=50)
-    ctl.observe_peek(n_accepted=0)  # nothing found: wait twice as long next time
+    ctl.observe_peek(False)  # nothing found: wait twice as long next time
     for _ in range(PeekSchedule.LEAST):
         ctl.observe_plain_step()
     assert not ctl.should_peek(room=50)
@@ -213,7 +213,7 @@ def test_peek_backoff_is_carried_to_the_next_request() -> None:
         for _ in range(n_plain):
             if ctl.should_peek(room=50):
                 ctl.start_peek()
-                ctl.observe_peek(n_accepted=0)
+                ctl.observe_peek(False)
                 peeks += 1
             else:
                 ctl.observe_plain_step()
@@ -227,7 +227,7 @@ def test_peek_backoff_is_carried_to_the_next_request() -> None:
     assert request_peeks(PeekSchedule.MOST) == 1
     ctl = DraftController(costs, 8, peeks=shared)
     ctl.start_peek()
-    ctl.observe_peek(n_accepted=1)  # a peek that found a good draft: look often again
+    ctl.observe_peek(True)  # a peek that found a good draft: look often again
     assert shared.interval == PeekSchedule.LEAST
 
 
@@ -418,3 +418,16 @@ def test_gumbel_noise_is_the_same_for_few_and_many_candidates() -> None:
         tok = int(few[3])
         assert abs(big.prob_of(tok) - small.prob_of(tok)) < 1e-12
         assert big.prob_of(-1) == small.prob_of(-1) == 0.0
+
+
+def test_carried_prior_is_what_requests_saw_not_how_they_ended() -> None:
+    """Auto stops drafting on bad news, so requests tend to end on it: carrying the estimate a
+    request ended on dragged the prior down request after request."""
+    acc = AcceptanceModel(prior_rate=0.55)
+    for _ in range(20):
+        acc.start_request()
+        for accepted in [1] * 11 + [0] * 9:  # 55% accepted, the rejections last
+            acc.observe([0.5], n_accepted=accepted)
+        assert acc.rate < 0.4  # this request's running estimate ends low
+        acc.end_request()
+    assert acc.prior_rate == pytest.approx(0.55, abs=0.03)
