@@ -142,7 +142,7 @@ def _auto(text: tuple[tuple[float, float], ...], costs: CostModel) -> Outcome:
         "known: where drafting gains ~10% at best, one rejection drops the first depth's "
         "estimate (a prior worth 4 outcomes) below the 5% margin; auto then decodes plainly "
         "for dozens of steps and, on coming back, the draft catches up on each of them: "
-        "0.88x the best fixed K, 0.97x plain"))),
+        "0.88x the best fixed K, 0.98x plain"))),
     pytest.param(GPU, CODE, id="gpu-code"),
     pytest.param(GPU, PROSE, id="gpu-prose"),
 ])
