@@ -430,9 +430,9 @@ class DraftController:
             return room > 0
         if room <= 0:
             return False
-        rate = self.expected_model_rate(room)
-        self._long_run = max(rate, self.plain_rate())
-        return rate > self.MARGIN * self.plain_rate()
+        rate, plain = self.expected_model_rate(room), self.plain_rate()
+        self._long_run = max(rate, plain)
+        return rate > self.MARGIN * plain
 
     def expected_model_rate(self, room: int) -> float:
         return self._constant_rate(self.model_acc.depth_rates(0, self.k_max), room)[1]

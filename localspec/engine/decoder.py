@@ -523,9 +523,10 @@ class SpeculativeEngine:
             controller.start_peek()
         prop = self._drafter.propose(run.seq, cap, self._draft_pick(run), controller.keep_going)
         run.stats.draft_seconds += prop.seconds
+        stepped = sum(prop.step_seconds)
         if prop.step_seconds:
-            self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
-        first = prop.seconds - sum(prop.step_seconds)
+            self._costs.observe_draft(stepped / len(prop.step_seconds))
+        first = prop.seconds - stepped
         if prop.catch_up_tokens <= 2:  # what the last step added: a step's usual start
             self._costs.observe_draft_first(first)
         self._costs.observe_catch_up(prop.catch_up_tokens, first)
