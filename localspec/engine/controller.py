@@ -132,10 +132,22 @@ class AcceptanceModel:
     # The carried prior counts as this many outcomes at each depth.
     PRIOR_WEIGHT = 4.0
     # Each newer outcome at a depth fades the older ones by this factor: a request drifts (code,
-    # then prose), so its estimate covers roughly its last 1 / (1 - DECAY) outcomes.
-    DECAY = 0.9
+    # then prose), so its estimate covers roughly its last 1 / (1 - DECAY) outcomes. At 0.9
+    # (ten outcomes) one unlucky run, where drafting gains only ~10%, dropped the first depth
+    # below the margin, and auto decoded plainly for a hundred steps (simulated prose: 0.88x
+    # the best fixed K).
+    DECAY = 0.95
+    # Per plain step, the fraction of this request's faded outcomes handed back to the prior
+    # (see relax): a dip is retried within ~15 steps, not ~50.
+    RELAX = 0.07
 
-    def __init__(self, prior_rate: float = 0.6, prior_weight: float = 2.0) -> None:
+    # A confidence bin's prior, its own centre, counts as this many outcomes. At 2, a bin that
+    # met five rejections in a row was trimmed ever after, so never verified again: stuck at
+    # 0.04 for tokens accepted 15% of the time, taught to the depth estimates as that.
+    BIN_PRIOR_WEIGHT = 10.0
+
+    def __init__(self, prior_rate: float = 0.6,
+                 prior_weight: float = BIN_PRIOR_WEIGHT) -> None:
         self.hits = [0.0] * N_BINS
         self.seen = [0.0] * N_BINS
         self.prior_weight = prior_weight
@@ -229,9 +241,10 @@ class AcceptanceModel:
         prior and a bad patch is retried later."""
         if not any(self._depth_seen):  # nothing to fade (plain decoding): keep the step cheap
             return
-        self._depth_hits = [h * 0.98 for h in self._depth_hits]
-        self._depth_seen = [n * 0.98 for n in self._depth_seen]
-        self._depth_prior = [w + 0.02 * (self.PRIOR_WEIGHT - w) for w in self._depth_prior]
+        keep, back = 1.0 - self.RELAX, self.RELAX
+        self._depth_hits = [h * keep for h in self._depth_hits]
+        self._depth_seen = [n * keep for n in self._depth_seen]
+        self._depth_prior = [w + back * (self.PRIOR_WEIGHT - w) for w in self._depth_prior]
         self._update()
 
     def start_request(self) -> None:
