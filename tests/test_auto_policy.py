@@ -2,8 +2,8 @@
 
 The controller drives a model of a step: a cost table measured on a real pair (or a GPU's
 shape), and drafted tokens that the target accepts with the probability their confidence
-says. Thousands of steps take milliseconds, so auto's long-run token rate can be held to the
-best fixed K's on several kinds of text. The engine's own figures come from
+says. Ten thousand steps per case take well under a second, so auto's long-run token rate can
+be held to the best fixed K's on several kinds of text. The engine's own figures come from
 ``benchmarks/engine_bench.py``; this pins the decision rule that produces them. Each policy
 sees the same drafts step for step (common random numbers), so the comparison is not noise;
 each figure pools several seeds' runs, since one run's long plain stretches move it by a few
@@ -16,6 +16,7 @@ One case fails as marked (xfail, strict: fixing it turns the mark red) and is op
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -61,26 +62,31 @@ class Outcome:
         return self.tokens / self.seconds
 
 
-def _costs(shape: tuple[dict[int, float], float, float]) -> CostModel:
+def cost_model(shape: tuple[dict[int, float], float, float]) -> CostModel:
     points, draft, first = shape
     costs = CostModel.from_measurements(points, K_MAX, draft)
     costs.draft_first = first
     return costs
 
 
-def _drafts(text: tuple[tuple[float, float], ...], step: int,
-            seed: int) -> list[tuple[float, bool]]:
-    """The step's K_MAX draft tokens as (confidence, accepted), the same for every policy."""
-    rng = random.Random(1_000_003 * step + 7919 * seed + 17)
+@functools.cache
+def _drafts(text: tuple[tuple[float, float], ...],
+            seed: int) -> tuple[tuple[tuple[float, bool], ...], ...]:
+    """Each step's K_MAX draft tokens as (confidence, accepted): the same for every policy,
+    so drawn once per text and seed."""
     confs, shares = zip(*text, strict=True)
-    out = []
-    for _ in range(K_MAX):
-        conf = rng.choices(confs, shares)[0]
-        out.append((conf, rng.random() < conf))
-    return out
+    steps = []
+    for step in range(STEPS):
+        rng = random.Random(1_000_003 * step + 7919 * seed + 17)
+        out = []
+        for _ in range(K_MAX):
+            conf = rng.choices(confs, shares)[0]
+            out.append((conf, rng.random() < conf))
+        steps.append(tuple(out))
+    return tuple(steps)
 
 
-def _accepted(drafts: list[tuple[float, bool]], n: int) -> int:
+def _accepted(drafts: tuple[tuple[float, bool], ...], n: int) -> int:
     for i, (_, ok) in enumerate(drafts[:n]):
         if not ok:
             return i
@@ -90,8 +96,8 @@ def _accepted(drafts: list[tuple[float, bool]], n: int) -> int:
 def _fixed(k: int, text: tuple[tuple[float, float], ...], costs: CostModel) -> Outcome:
     out = Outcome()
     for seed in SEEDS:
-        for step in range(STEPS):
-            n_acc = _accepted(_drafts(text, step, seed), k)
+        for drafts in _drafts(text, seed):
+            n_acc = _accepted(drafts, k)
             out.tokens += n_acc + 1
             out.seconds += costs.drafting(k) + costs.verify(k + 1)
     return out
@@ -102,7 +108,7 @@ def _auto(text: tuple[tuple[float, float], ...],
     """Auto over every seed, each run from a fresh engine (its own costs and priors)."""
     out = Outcome()
     for seed in SEEDS:
-        run = _auto_run(text, _costs(shape), seed)
+        run = _auto_run(text, cost_model(shape), seed)
         out.tokens += run.tokens
         out.seconds += run.seconds
     return out
@@ -117,13 +123,12 @@ def _auto_run(text: tuple[tuple[float, float], ...], costs: CostModel,
     behind = 0  # tokens the draft skipped while the target decoded alone
     ctl = DraftController(costs, K_MAX, model_acc=model_acc, ties=ties, peeks=peeks)
     request_end = REQUEST
-    for step in range(STEPS):
+    for drafts in _drafts(text, seed):
         if out.tokens >= request_end:
             ctl.end_request()
             ctl = DraftController(costs, K_MAX, model_acc=model_acc, ties=ties, peeks=peeks)
             request_end = out.tokens + REQUEST
         remaining = request_end - out.tokens
-        drafts = _drafts(text, step, seed)
         if not ctl.model_worth_trying(K_MAX):
             if not ctl.should_peek(K_MAX, lambda skipped=behind: skipped, remaining):
                 out.tokens += 1
@@ -166,7 +171,7 @@ def _auto_run(text: tuple[tuple[float, float], ...], costs: CostModel,
 ])
 def test_auto_keeps_up_with_the_best_fixed_k(shape: tuple[dict[int, float], float, float],
                                              text: tuple[tuple[float, float], ...]) -> None:
-    costs = _costs(shape)
+    costs = cost_model(shape)
     best = max(_fixed(k, text, costs).rate for k in FIXED_K)
     auto = _auto(text, shape).rate
     assert auto >= 0.97 * best, f"auto {auto:.2f} tok/s, best fixed K {best:.2f}"
@@ -178,7 +183,7 @@ def test_auto_never_drafts_below_plain_where_no_k_pays() -> None:
     tokens as finds and ignored their odds, auto ran at 0.935x plain on such a draft. What is
     left is the cost of learning that the draft does not pay (the first request starts from a
     prior of 0.6), ~1.3% over these runs; single runs range from 0.974x to 0.994x."""
-    costs = _costs(CPU_F16)
+    costs = cost_model(CPU_F16)
     plain = 1 / costs.verify(1)
     assert max(_fixed(k, HOPELESS, costs).rate for k in FIXED_K) < plain
     assert _auto(HOPELESS, CPU_F16).rate >= 0.98 * plain

@@ -15,6 +15,7 @@ from localspec.engine.controller import (
 from localspec.engine.drafters import PromptLookupDrafter, Proposal
 from localspec.engine.sampling import Candidates, SamplingParams, distribution, residual
 from localspec.engine.text import TextAssembler
+from tests.test_auto_policy import CPU_F16, cost_model
 
 
 def test_stop_string_split_across_tokens_is_held_back() -> None:
@@ -433,20 +434,12 @@ def test_carried_prior_is_what_requests_saw_not_how_they_ended() -> None:
     assert acc.prior_rate == pytest.approx(0.55, abs=0.03)
 
 
-def _cpu_f16_costs() -> CostModel:
-    """The F16 1.5B target and 0.5B draft on a 2-core CPU: verifying 2 tokens costs little
-    more than 1, a draft token a fifth of a step."""
-    costs = CostModel.from_measurements({1: 0.129, 2: 0.135, 3: 0.150, 5: 0.227}, 8, 0.0255)
-    costs.draft_first = 0.045
-    return costs
-
-
 def test_a_dip_in_acceptance_is_retried_within_a_few_plain_steps() -> None:
     """Where drafting gains ~10% (55% accepted here), a short unlucky run drops the estimate
     below the margin. Decoding plainly teaches nothing, so the estimate must drift back to
     what past requests saw soon: at 2% a step auto stayed plain for ~50 steps after each dip
     (simulated prose: 0.88x the best fixed K)."""
-    ctl = DraftController(_cpu_f16_costs(), 8)
+    ctl = DraftController(cost_model(CPU_F16), 8)
     ctl.model_acc.rate = 0.55
     ctl.ties.rate = 0.0
     assert ctl.model_worth_trying(8)
@@ -466,7 +459,7 @@ def test_a_few_rejections_do_not_shut_a_confidence_bin() -> None:
     at whatever it last learned. Five straight rejections of tokens the draft gave 15% (one
     chance in three at that rate) had this CPU's controller trim such tokens ever after: their
     bin stuck at 0.04 while the target accepted 15% of them."""
-    ctl = DraftController(_cpu_f16_costs(), 8)
+    ctl = DraftController(cost_model(CPU_F16), 8)
     ctl.model_acc.rate = 0.55
     for _ in range(5):
         ctl.model_acc.observe([0.15], n_accepted=0)

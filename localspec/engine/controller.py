@@ -126,7 +126,7 @@ class AcceptanceModel:
 
     Only tokens up to and including the first rejection are observed."""
 
-    __slots__ = ("hits", "seen", "prior_weight", "rates", "prior_rates", "_depth_hits",
+    __slots__ = ("hits", "seen", "rates", "prior_rates", "_depth_hits",
                  "_depth_seen", "_depth_prior", "_observed", "_request_hits", "_request_seen")
 
     # The carried prior counts as this many outcomes at each depth.
@@ -146,11 +146,9 @@ class AcceptanceModel:
     # 0.04 for tokens accepted 15% of the time, taught to the depth estimates as that.
     BIN_PRIOR_WEIGHT = 10.0
 
-    def __init__(self, prior_rate: float = 0.6,
-                 prior_weight: float = BIN_PRIOR_WEIGHT) -> None:
+    def __init__(self, prior_rate: float = 0.6) -> None:
         self.hits = [0.0] * N_BINS
         self.seen = [0.0] * N_BINS
-        self.prior_weight = prior_weight
         # None: no request has reached that depth yet (its prior is the depth above).
         self.prior_rates: list[float | None] = [prior_rate] + [None] * (MAX_DEPTH - 1)
         self._observed = False
@@ -211,7 +209,8 @@ class AcceptanceModel:
     def estimate(self, conf: float) -> float:
         b = min(int(conf * N_BINS), N_BINS - 1)
         centre = (b + 0.5) / N_BINS
-        return (self.hits[b] + self.prior_weight * centre) / (self.seen[b] + self.prior_weight)
+        w = self.BIN_PRIOR_WEIGHT
+        return (self.hits[b] + w * centre) / (self.seen[b] + w)
 
     def depth_rates(self, start: int, n: int) -> list[float]:
         """The estimated acceptance at depths ``start`` .. ``start + n - 1``."""
