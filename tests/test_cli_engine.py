@@ -58,6 +58,22 @@ def test_bench_json_has_speedup_and_identity(target_gguf: Path, draft_gguf: Path
         assert p["plain_tokens_per_second"] > 0 and p["spec_tokens_per_second"] > 0
 
 
+def test_bench_sweep_reports_auto_against_each_fixed_k(
+        target_gguf: Path, draft_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "--target", str(target_gguf), "--draft", str(draft_gguf), "--ctx", "512",
+            "-n", "16", "--prompt", "the model", "--repeats", "2", "--sweep-k", "1,3"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    sweep = result["prompts"][0]["sweep"]
+    assert set(sweep["tokens_per_second"]) == {"K=1", "K=3"}
+    assert sweep["best"] in ("K=1", "K=3") and len(sweep["auto_vs_best_runs"]) == 2
+    assert set(result["sweep"]["auto_vs_each_k_overall"]) == {"K=1", "K=3"}
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "auto vs the best fixed K in hindsight" in out
+    assert "auto vs one fixed K for every prompt: K=1" in out
+
+
 def test_bench_checks_seeded_coupled_sampling_for_identity(
         target_gguf: Path, draft_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Seeded sampling under the coupled rule is the engine's plain sampling token for token,

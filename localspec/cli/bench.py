@@ -195,6 +195,12 @@ def _output(result: dict[str, Any], args: argparse.Namespace) -> None:
         _print_table(result)
 
 
+def _spread(ratios: list[float | None]) -> str:
+    """The lowest and highest of a prompt's per-repeat ratios ("-" without any)."""
+    known = [r for r in ratios if r is not None]
+    return f"{min(known):.2f}-{max(known):.2f}" if known else "-"
+
+
 def _print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -210,7 +216,7 @@ def _print_table(result: dict[str, Any]) -> None:
     if not remote:
         columns.append("host ms token/pass/step")
     if sweep:
-        columns.append("auto/best K")
+        columns.append("auto/best K (runs)")
     columns.append("identical")
     for col in columns:
         t.add_column(col, justify="left" if col in ("prompt", "kind") else "right")
@@ -231,7 +237,8 @@ def _print_table(result: dict[str, Any]) -> None:
                        f"{p['spec_host_ms_per_step']:.2f}/"
                        f"{p.get('spec_host_ms_per_decode', 0.0):.2f}")
         if sweep:
-            row.append(f"{ratio(p['sweep']['auto_vs_best'])} ({p['sweep']['best']})")
+            row.append(f"{ratio(p['sweep']['auto_vs_best'])} ({p['sweep']['best']}; "
+                       f"{_spread(p['sweep'].get('auto_vs_best_runs', []))})")
         row.append(yes(p["identical"]))
         t.add_row(*row)
     # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
@@ -259,3 +266,7 @@ def _print_table(result: dict[str, Any]) -> None:
     if sweep:
         print(f"auto vs the best fixed K in hindsight: {sweep['auto_vs_best_overall']:.2f}x "
               f"overall, {sweep['auto_vs_best_min']:.2f}x on its worst prompt")
+        each = sweep.get("auto_vs_each_k_overall") or {}
+        if each:
+            print("auto vs one fixed K for every prompt: " + ", ".join(
+                f"{name} {r:.2f}x" for name, r in each.items() if r is not None))

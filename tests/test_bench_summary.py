@@ -1,0 +1,49 @@
+"""The arithmetic of `bench`'s summary: which ratios it reports, computed from known run times.
+
+The runs here are data (token counts and seconds), not generations: the figures must follow
+from them exactly. The engine's own runs are covered by tests/test_cli_engine.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.benchmarking import BenchConfig, BenchPrompt, PromptResult, RunResult, summarize
+from localspec.engine.stats import GenerationStats
+
+SWEEP = ["K=2", "K=5"]
+
+
+def _run(tokens: int, seconds: float) -> RunResult:
+    return RunResult(tuple(range(tokens)), GenerationStats(completion_tokens=tokens,
+                                                           total_seconds=seconds))
+
+
+def _prompt(name: str, seconds: dict[str, list[float]]) -> PromptResult:
+    res = PromptResult(BenchPrompt(name, "code", "text"))
+    for contender, times in seconds.items():
+        for t in times:
+            res.add(contender, _run(100, t))
+    return res
+
+
+def test_auto_is_paired_with_the_best_k_repeat_by_repeat() -> None:
+    # K=5 is best by its median (10 s); repeat 2 was slow for everyone (a busy machine).
+    res = _prompt("fib", {"plain": [20, 30, 20], "speculative": [10, 15, 11],
+                          "K=2": [12, 18, 12], "K=5": [9, 14, 10]})
+    out = summarize([res], BenchConfig(repeats=3), baseline="plain", sweep=SWEEP)
+    sweep = out["prompts"][0]["sweep"]
+    assert sweep["best"] == "K=5"
+    assert sweep["auto_vs_best"] == pytest.approx(10 / 11, abs=1e-3)  # medians: 10 s, 11 s
+    assert sweep["auto_vs_best_runs"] == pytest.approx([9 / 10, 14 / 15, 10 / 11], abs=1e-3)
+
+
+def test_auto_against_one_k_for_every_prompt() -> None:
+    """The best K per prompt is picked in hindsight; one K for the set is what --k runs."""
+    fib = _prompt("fib", {"plain": [20], "speculative": [10], "K=2": [12], "K=5": [9]})
+    story = _prompt("story", {"plain": [20], "speculative": [16], "K=2": [15], "K=5": [20]})
+    out = summarize([fib, story], BenchConfig(), baseline="plain", sweep=SWEEP)
+    sweep = out["sweep"]
+    assert sweep["auto_vs_each_k_overall"] == pytest.approx({"K=2": 27 / 26, "K=5": 29 / 26},
+                                                            abs=1e-3)
+    assert sweep["auto_vs_best_overall"] == pytest.approx(24 / 26, abs=1e-3)  # 9 s + 15 s
+    assert sweep["auto_vs_best_min"] == pytest.approx(9 / 10, abs=1e-3)
