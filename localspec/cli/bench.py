@@ -242,7 +242,8 @@ def _print_table(result: dict[str, Any]) -> None:
         row.append(yes(p["identical"]))
         t.add_row(*row)
     # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
-    Console(width=None if sys.stdout.isatty() else 170).print(t)
+    # The sweep's cell ("1.02x (K=5; 0.98-1.04)") needs 20 more.
+    Console(width=None if sys.stdout.isatty() else 190 if sweep else 170).print(t)
     for p in result["prompts"]:
         diff = p.get("first_difference")
         if diff:
