@@ -167,12 +167,12 @@ def summary(report: dict[str, Any]) -> str:
                          f"{sw['auto_vs_best_overall']:.2f}x overall, "
                          f"{sw['auto_vs_best_min']:.2f}x on the worst prompt")
             for p in res["prompts"]:
-                runs = ", ".join(f"{x:.2f}" for x in p["sweep"].get("auto_vs_best_runs", []))
+                runs = ", ".join(f"{x:.2f}" for x in p["sweep"]["auto_vs_best_runs"])
                 lines.append(f"  {p['name']}: {p['sweep']['auto_vs_best']:.2f}x "
                              f"{p['sweep']['best']} (repeat by repeat: {runs})")
-            each = sw.get("auto_vs_each_k_overall") or {}
             lines.append(f"{name}: auto vs one fixed K for every prompt: " + ", ".join(
-                f"{k} {r:.2f}x" for k, r in each.items() if r is not None))
+                f"{k} {r:.2f}x" for k, r in sw["auto_vs_each_k_overall"].items()
+                if r is not None))
         for p in res["prompts"]:
             if p.get("first_difference"):
                 d = p["first_difference"]

@@ -238,7 +238,7 @@ def _print_table(result: dict[str, Any]) -> None:
                        f"{p.get('spec_host_ms_per_decode', 0.0):.2f}")
         if sweep:
             row.append(f"{ratio(p['sweep']['auto_vs_best'])} ({p['sweep']['best']}; "
-                       f"{_spread(p['sweep'].get('auto_vs_best_runs', []))})")
+                       f"{_spread(p['sweep']['auto_vs_best_runs'])})")
         row.append(yes(p["identical"]))
         t.add_row(*row)
     # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
@@ -267,7 +267,6 @@ def _print_table(result: dict[str, Any]) -> None:
     if sweep:
         print(f"auto vs the best fixed K in hindsight: {sweep['auto_vs_best_overall']:.2f}x "
               f"overall, {sweep['auto_vs_best_min']:.2f}x on its worst prompt")
-        each = sweep.get("auto_vs_each_k_overall") or {}
-        if each:
-            print("auto vs one fixed K for every prompt: " + ", ".join(
-                f"{name} {r:.2f}x" for name, r in each.items() if r is not None))
+        print("auto vs one fixed K for every prompt: " + ", ".join(
+            f"{name} {r:.2f}x" for name, r in sweep["auto_vs_each_k_overall"].items()
+            if r is not None))

@@ -240,10 +240,10 @@ class AcceptanceModel:
         prior and a bad patch is retried later."""
         if not any(self._depth_seen):  # nothing to fade (plain decoding): keep the step cheap
             return
-        keep, back = 1.0 - self.RELAX, self.RELAX
+        keep = 1.0 - self.RELAX
         self._depth_hits = [h * keep for h in self._depth_hits]
         self._depth_seen = [n * keep for n in self._depth_seen]
-        self._depth_prior = [w + back * (self.PRIOR_WEIGHT - w) for w in self._depth_prior]
+        self._depth_prior = [w + self.RELAX * (self.PRIOR_WEIGHT - w) for w in self._depth_prior]
         self._update()
 
     def start_request(self) -> None:
