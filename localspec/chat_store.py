@@ -17,7 +17,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,9 @@ from . import paths
 from .errors import ChatStoreError, DamagedChatStoreError
 from .files import fsync_dir
 
-SCHEMA = """
+# The schema as version 1 wrote it. Files from before versioning (user_version 0) hold exactly
+# these tables, which is why migration 1 says IF NOT EXISTS: it adopts them as they are.
+_SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS chats (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL,
@@ -53,6 +55,18 @@ CREATE TABLE IF NOT EXISTS rates (
     PRIMARY KEY (pair, mode)
 );
 """
+
+
+def _m001_base_schema(db: sqlite3.Connection) -> None:
+    for statement in _SCHEMA_V1.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+# Ordered migrations: MIGRATIONS[i] takes a file from schema version i to i + 1. Append only;
+# never edit one that has shipped (files in the wild already ran it).
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m001_base_schema,)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +234,7 @@ def _open(path: Path) -> sqlite3.Connection:
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA foreign_keys=ON")
-        db.executescript(SCHEMA)
+        migrate(db, path)
     except sqlite3.Error as exc:
         db.close()
         raise _open_error(path, exc) from exc
@@ -253,12 +267,46 @@ def _check(path: Path) -> None:
         check = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
         try:
             rows = check.execute("PRAGMA quick_check(1)").fetchall()
+            version = int(check.execute("PRAGMA user_version").fetchone()[0])
         finally:
             check.close()
     except sqlite3.Error as exc:
         raise _open_error(path, exc) from exc
     if rows != [("ok",)]:
         raise DamagedChatStoreError(path, _first_problem(rows))
+    _refuse_newer(path, version)
+
+
+def _refuse_newer(path: Path, version: int) -> None:
+    # Checked on a read-only connection before anything opens the file for writing: a newer
+    # localspec's history is left exactly as it was (not even its journal mode is touched).
+    if version > SCHEMA_VERSION:
+        raise ChatStoreError(
+            f"the chat history {path} was written by a newer localspec (schema version "
+            f"{version}; this one reads up to {SCHEMA_VERSION}): upgrade localspec, or set "
+            "LOCALSPEC_HOME to use another folder")
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the database up to SCHEMA_VERSION, one migration per transaction.
+
+    Each step re-reads the version inside an immediate (write-locked) transaction, so two apps
+    opening one old file at once never run a migration twice.
+    """
+    while True:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version < SCHEMA_VERSION:
+                MIGRATIONS[version](db)
+                db.execute(f"PRAGMA user_version = {version + 1}")  # a PRAGMA takes no "?"
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        if version >= SCHEMA_VERSION:
+            _refuse_newer(path, version)  # another program may have written it since the check
+            return
 
 
 def _first_problem(rows: list[Any]) -> str:

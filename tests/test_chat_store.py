@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from localspec.chat_store import ChatStore, DamagedChatHistory, aside_path, move_aside
+from localspec import chat_store
+from localspec.chat_store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    ChatStore,
+    DamagedChatHistory,
+    aside_path,
+    move_aside,
+)
 from localspec.errors import ChatStoreError, DamagedChatStoreError
 
 
@@ -191,3 +199,82 @@ def test_a_folder_in_the_way_is_one_clear_error(tmp_path: Path) -> None:
     blocked.write_text("a file where the data folder should be")
     with pytest.raises(ChatStoreError, match="a file is in the way"):
         ChatStore(blocked / "chats.sqlite3")
+
+
+# -- schema versions ---------------------------------------------------------------------------
+FIXTURE = Path(__file__).parent / "fixtures" / "chats-before-versioning.sqlite3"
+
+
+def _user_version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_history_from_before_versioning_opens_with_every_chat(tmp_path: Path) -> None:
+    # The fixture was written by ChatStore as it was before schema versions (commit 65ac510).
+    db = tmp_path / "chats.sqlite3"
+    db.write_bytes(FIXTURE.read_bytes())
+    assert _user_version(db) == 0
+    store = ChatStore(db)
+    chats = {c.title: c for c in store.list_chats()}
+    assert set(chats) == {"Binary search in Rust", "Zweiter Chat — ünïcode"}
+    rust = chats["Binary search in Rust"]
+    assert (rust.pair, rust.system_prompt) == ("qwen2.5-coder-7b", "You are terse.")
+    user, answer = store.messages(rust.id)
+    assert (user.role, user.content) == ("user", "Write a binary search in Rust")
+    assert answer.spans == ((20, False), (58, True)) and answer.stats is not None
+    assert answer.stats["accepted"] == 22
+    assert [m.content for m in store.messages(chats["Zweiter Chat — ünïcode"].id)] == [
+        "Hallo 👋\nzweite Zeile", "Hi!"]
+    assert store.latest_rate("qwen2.5-coder-7b") == 12.25
+    store.add_message(rust.id, "user", "and in Go?")  # still writable after the upgrade
+    store.close()
+    assert _user_version(db) == SCHEMA_VERSION
+    assert len(ChatStore(db).messages(rust.id)) == 3
+
+
+def test_a_new_history_is_created_at_the_current_version(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    ChatStore(db).close()
+    assert _user_version(db) == SCHEMA_VERSION == len(MIGRATIONS)
+
+
+def test_a_newer_history_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "chats.sqlite3"
+    db.write_bytes(FIXTURE.read_bytes())
+    raw = sqlite3.connect(db)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    before = db.read_bytes()
+    with pytest.raises(ChatStoreError) as err:
+        ChatStore(db)
+    assert not isinstance(err.value, DamagedChatStoreError)  # never offered to be moved aside
+    line = str(err.value)
+    assert "\n" not in line and "newer localspec" in line
+    assert f"schema version {SCHEMA_VERSION + 1}" in line
+    assert db.read_bytes() == before
+    wal = tmp_path / "chats.sqlite3-wal"  # a read-only look at a WAL file may leave an empty one
+    assert not wal.exists() or wal.stat().st_size == 0
+
+
+def test_a_failing_migration_leaves_the_file_at_its_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "chats.sqlite3"
+    db.write_bytes(FIXTURE.read_bytes())
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(chat_store, "MIGRATIONS", (*MIGRATIONS, broken))
+    monkeypatch.setattr(chat_store, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    with pytest.raises(ChatStoreError):
+        ChatStore(db)
+    monkeypatch.undo()
+    assert _user_version(db) == SCHEMA_VERSION  # the base migration committed, the broken one not
+    store = ChatStore(db)
+    columns = [r[1] for r in store._read("PRAGMA table_info(chats)")]
+    assert "pinned" not in columns and len(store.list_chats()) == 2
