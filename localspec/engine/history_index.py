@@ -1,0 +1,302 @@
+"""An index of token sequences seen before (earlier answers and their prompts), for drafting
+the continuation of the longest earlier match of the current context: suffix decoding.
+
+Layout: every document's tokens in one int32 array, each followed by a -1 separator, and for
+every position where three tokens end, the key of those three tokens (exact: 21 bits a token,
+so no hash collisions for any vocabulary under two million) sorted together with the position
+after them. A lookup is one binary search for the context's last three tokens, then a
+vectorised comparison backwards from each hit to find how far it matches; the continuations of
+the longest matches are merged into one draft, each token weighted by how many of them agree.
+About 16 bytes a token in memory: a million tokens is 16 MB, and a lookup tens of microseconds.
+
+Persistence keeps only the token array and the document lengths (the keys are rebuilt on load in
+milliseconds), behind a header with a format version, the vocabulary it belongs to and a
+checksum: a stale or damaged file is dropped and the index starts over, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+KEY_TOKENS = 3
+_BITS = 21
+_MASK = (1 << _BITS) - 1
+SEPARATOR = -1
+MAX_MATCH = 64  # how far back a match is compared: longer matches all rank alike
+MAX_HITS = 64  # the most recent hits of one key that are compared
+FORMAT = 1
+_MAGIC = b"LSHIST1\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """A drafted continuation: its tokens, how many context tokens the matches agreed on, and
+    per token the share of the longest matches that continued with it."""
+
+    tokens: tuple[int, ...]
+    match_length: int
+    agreement: tuple[float, ...]
+    matches: int
+
+
+def _keys(tokens: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Keys of every three-token window ending at or after ``start`` + 3 that holds no
+    separator, and the position that follows each window."""
+    n = len(tokens)
+    if n < KEY_TOKENS:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    t = tokens.astype(np.int64)
+    a, b, c = t[:-2], t[1:-1], t[2:]
+    keys = (a << (2 * _BITS)) | ((b & _MASK) << _BITS) | (c & _MASK)
+    follow = np.arange(KEY_TOKENS, n + 1, dtype=np.int64)
+    ok = (a >= 0) & (b >= 0) & (c >= 0)
+    ok[: max(0, start)] = False
+    return keys[ok], follow[ok]
+
+
+def _digest(doc: np.ndarray) -> bytes:
+    return hashlib.blake2b(doc.tobytes(), digest_size=16).digest()
+
+
+def _key_of(three: Sequence[int]) -> int:
+    a, b, c = (int(x) for x in three)
+    return (a << (2 * _BITS)) | ((b & _MASK) << _BITS) | (c & _MASK)
+
+
+class HistoryIndex:
+    """Token sequences seen before, bounded to ``max_tokens`` (the oldest documents go first).
+
+    Not thread-safe: the engine adds and looks up from its one generating thread.
+    """
+
+    def __init__(self, vocabulary: str, max_tokens: int = 1_000_000) -> None:
+        self.vocabulary = vocabulary
+        self.max_tokens = max_tokens
+        self._tokens = np.empty(0, np.int32)
+        self._doc_lengths: list[int] = []  # each without its separator
+        self._doc_digests: list[bytes] = []  # parallel to _doc_lengths: no document twice
+        self._digest_set: set[bytes] = set()
+        self._keys = np.empty(0, np.int64)
+        self._follow = np.empty(0, np.int64)
+
+    # -- size -------------------------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        """Tokens held, separators excluded."""
+        return int(len(self._tokens)) - len(self._doc_lengths)
+
+    @property
+    def n_documents(self) -> int:
+        return len(self._doc_lengths)
+
+    @property
+    def n_bytes(self) -> int:
+        """Memory held by the arrays (the file is about a quarter of it)."""
+        return int(self._tokens.nbytes + self._keys.nbytes + self._follow.nbytes)
+
+    # -- adding -----------------------------------------------------------------------------
+    def add(self, tokens: Sequence[int]) -> bool:
+        """Add one document (an answer, with the end of the prompt before it). A document
+        already held is not added twice; returns whether it was added."""
+        doc = np.asarray(tokens, dtype=np.int32)
+        if len(doc) < KEY_TOKENS + 1 or (doc < 0).any():
+            return False
+        if len(doc) > self.max_tokens:
+            doc = doc[-self.max_tokens:]
+        digest = _digest(doc)
+        if digest in self._digest_set:
+            return False
+        base = len(self._tokens)
+        self._append(doc, digest)
+        keys, follow = _keys(doc)
+        self._merge(keys, follow + base)
+        self._evict()
+        return True
+
+    def _append(self, doc: np.ndarray, digest: bytes) -> None:
+        self._tokens = np.concatenate([self._tokens, doc, np.array([SEPARATOR], np.int32)])
+        self._doc_lengths.append(len(doc))
+        self._doc_digests.append(digest)
+        self._digest_set.add(digest)
+
+    def _merge(self, keys: np.ndarray, follow: np.ndarray) -> None:
+        if not len(keys):
+            return
+        order = np.lexsort((follow, keys))
+        keys, follow = keys[order], follow[order]
+        # New positions are all later than held ones, so among equal keys they go last:
+        # inserting at the right edge keeps each key's positions in ascending order.
+        at = np.searchsorted(self._keys, keys, side="right")
+        self._keys = np.insert(self._keys, at, keys)
+        self._follow = np.insert(self._follow, at, follow)
+
+    def _evict(self) -> None:
+        drop_docs, dropped = 0, 0
+        while (self.n_tokens - dropped > self.max_tokens
+               and drop_docs < len(self._doc_lengths) - 1):
+            dropped += self._doc_lengths[drop_docs]
+            drop_docs += 1
+        if not drop_docs:
+            return
+        cut = dropped + drop_docs  # with their separators
+        self._digest_set.difference_update(self._doc_digests[:drop_docs])
+        del self._doc_digests[:drop_docs]
+        del self._doc_lengths[:drop_docs]
+        keep = self._follow > cut
+        self._keys = self._keys[keep]
+        self._follow = self._follow[keep] - cut
+        self._tokens = self._tokens[cut:]
+
+    def clear(self) -> None:
+        """Forget every document."""
+        self._tokens = np.empty(0, np.int32)
+        self._doc_lengths.clear()
+        self._doc_digests.clear()
+        self._digest_set.clear()
+        self._keys = np.empty(0, np.int64)
+        self._follow = np.empty(0, np.int64)
+
+    # -- looking up -------------------------------------------------------------------------
+    def lookup(self, context: Sequence[int], budget: int, min_match: int = KEY_TOKENS,
+               ) -> Continuation | None:
+        """The continuation of the longest earlier match of ``context``'s end, at most
+        ``budget`` tokens, where at least ``min_match`` tokens matched."""
+        if budget <= 0 or len(context) < KEY_TOKENS or not len(self._keys):
+            return None
+        key = _key_of(context[-KEY_TOKENS:])
+        lo = int(np.searchsorted(self._keys, key, side="left"))
+        hi = int(np.searchsorted(self._keys, key, side="right"))
+        if lo == hi:
+            return None
+        hits = self._follow[max(lo, hi - MAX_HITS):hi]  # the most recent ones
+        span = min(MAX_MATCH, len(context))
+        back = np.asarray(context[-span:][::-1], dtype=np.int32)
+        idx = hits[:, None] - 1 - np.arange(span)[None, :]
+        valid = idx >= 0
+        seen = np.where(valid, self._tokens[np.clip(idx, 0, None)], SEPARATOR)
+        equal = seen == back[None, :]
+        lengths = np.where(equal.all(axis=1), span, equal.argmin(axis=1))
+        best = int(lengths.max())
+        if best < min_match:
+            return None
+        starts = hits[lengths == best]
+        return self._merge_continuations(starts, best, budget)
+
+    def _merge_continuations(self, starts: np.ndarray, match: int,
+                             budget: int) -> Continuation | None:
+        # Depth by depth, follow the token most of the remaining matches continue with (the
+        # most recent one on a tie), and drop the matches that went elsewhere. Plain Python:
+        # a few dozen short rows, where each numpy call would cost more than the work.
+        rows = []
+        for start in starts.tolist():
+            row = self._tokens[start:start + budget].tolist()
+            if SEPARATOR in row:
+                row = row[:row.index(SEPARATOR)]
+            rows.append(row)
+        total = len(rows)
+        tokens: list[int] = []
+        agreement: list[float] = []
+        for d in range(budget):
+            counts: dict[int, int] = {}
+            for row in rows:  # ascending position: the last one counted is the most recent
+                if d < len(row):
+                    counts[row[d]] = counts.get(row[d], 0) + 1
+            if not counts:
+                break
+            top = max(counts.values())
+            tok = next(row[d] for row in reversed(rows)
+                       if d < len(row) and counts[row[d]] == top)
+            tokens.append(tok)
+            agreement.append(top / total)
+            rows = [row for row in rows if d < len(row) and row[d] == tok]
+        if not tokens:
+            return None
+        return Continuation(tuple(tokens), match, tuple(agreement), total)
+
+    # -- persistence ------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """Write the index atomically with owner-only permissions (it holds users' text)."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lengths = np.asarray(self._doc_lengths, dtype=np.int64)
+        body = self._tokens.astype("<i4").tobytes() + lengths.astype("<i8").tobytes()
+        meta = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary,
+                           "tokens": int(len(self._tokens)), "documents": len(lengths),
+                           "sha256": hashlib.sha256(body).hexdigest()}).encode()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(_MAGIC + struct.pack("<I", len(meta)) + meta + body)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path, vocabulary: str, max_tokens: int = 1_000_000) -> HistoryIndex:
+        """The index saved at ``path``, or an empty one where the file is missing, of another
+        format or vocabulary, or damaged (logged, and replaced at the next save)."""
+        index = cls(vocabulary, max_tokens)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return index
+        except OSError as exc:
+            log.warning("history index %s unreadable (%s); starting a new one", path, exc)
+            return index
+        try:
+            tokens, lengths = _parse(raw, vocabulary)
+        except ValueError as exc:
+            log.warning("history index %s dropped: %s", path, exc)
+            return index
+        start = 0
+        for length in lengths:  # the newest documents, as many as the limit holds
+            doc = tokens[start:start + length]
+            start += length + 1
+            digest = _digest(doc)
+            if digest not in index._digest_set:
+                index._append(doc, digest)
+        index._evict()  # the keys are built below, from what is kept
+        keys, follow = _keys(index._tokens)
+        order = np.lexsort((follow, keys))
+        index._keys, index._follow = keys[order], follow[order]
+        return index
+
+
+def _parse(raw: bytes, vocabulary: str) -> tuple[np.ndarray, list[int]]:
+    if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 4:
+        raise ValueError("not a localspec history index")
+    (n_meta,) = struct.unpack_from("<I", raw, len(_MAGIC))
+    at = len(_MAGIC) + 4
+    try:
+        meta = json.loads(raw[at:at + n_meta])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError("damaged header") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError("another format version")
+    if meta.get("vocabulary") != vocabulary:
+        raise ValueError("another vocabulary")
+    body = raw[at + n_meta:]
+    if hashlib.sha256(body).hexdigest() != meta.get("sha256"):
+        raise ValueError("checksum mismatch (damaged)")
+    n_tok, n_doc = int(meta["tokens"]), int(meta["documents"])
+    if len(body) != 4 * n_tok + 8 * n_doc:
+        raise ValueError("size mismatch (damaged)")
+    tokens = np.frombuffer(body, dtype="<i4", count=n_tok).astype(np.int32)
+    lengths = np.frombuffer(body, dtype="<i8", count=n_doc, offset=4 * n_tok).tolist()
+    if sum(lengths) + n_doc != n_tok:
+        raise ValueError("document lengths do not add up (damaged)")
+    return tokens, [int(x) for x in lengths]
