@@ -1,10 +1,13 @@
 """GGUF metadata without loading weights, file validation, and the draft/target pair rule.
 
-Files are parsed here, by a streaming reader over a memory map, before llama.cpp ever sees them:
-llama.cpp aborts the whole process on some malformed inputs instead of returning an error. The
-reader reads only what it needs: no Python object per vocabulary token (a 152k-token vocabulary
-is skipped or compared as raw bytes), so ``inspect`` on a real model takes milliseconds, not the
-seconds the ``gguf`` package's reader takes building a numpy view per token.
+Files are parsed here, by a streaming reader, before llama.cpp ever sees them: llama.cpp aborts
+the whole process on some malformed inputs instead of returning an error, so the hyperparameters
+it asserts on (layer and expert counts, epsilons, head counts) are checked here too. The reader
+reads only what it needs: no Python object per vocabulary token (a 152k-token vocabulary is
+skipped or compared as raw bytes), so ``inspect`` on a real model takes milliseconds, not the
+seconds the ``gguf`` package's reader takes building a numpy view per token. It reads with plain
+file reads, never a memory map: a file truncated while it is read (a download being replaced)
+is then a short read and one line, where a memory map would kill the process with SIGBUS.
 
 Every command that judges a file (run, bench, serve, inspect, list, pair add, suggest, the chat
 app's picker) calls :func:`read_gguf_info`, so they agree on what is valid. Results are cached per
@@ -17,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
+import math
+import os
 import struct
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .. import paths
 from ..errors import GGUFError, IncompatiblePairError
@@ -40,8 +44,17 @@ NON_TEXT_ARCHITECTURES = {"clip", "mmproj", "bert", "nomic-bert", "jina-bert-v2"
 # Weight types llama.cpp never repacks (see engine/repack.py): everything else is quantized.
 UNQUANTIZED_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
 # Bumped whenever GGUFInfo or the validation changes: older cache entries are then ignored.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+# llama.cpp's limits (src/llama-hparams.h, llama-cpp-python 0.3.36): past them, and on the other
+# rules _check_hparams applies, llama_model_base::load_hparams or the graph builder fails a
+# GGML_ASSERT, which aborts the whole process instead of returning an error.
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+# llama_rope_scaling_type_from_string's names; any other string is an assertion failure.
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+# Architectures for which llama.cpp turns an expert count of 0 or 1 into "no experts".
+_EXPERTS_OPTIONAL = {"hunyuan-dense", "hunyuan_vl"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,19 +152,36 @@ _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4)
 _STRING, _ARRAY = 8, 9
 _KEEP_ARRAY_MAX = 4096  # numeric arrays kept as values (per-layer head counts); longer: skipped
 _KEEP_STRING_MAX = 1 << 20  # strings kept as values (chat templates); longer: skipped
+_CHUNK = 1 << 20  # read ahead this much: a real model's metadata is a few such reads
 
 
 class _Reader:
-    """Bounds-checked reads from a memory-mapped GGUF file."""
+    """Bounds-checked reads from the start of a GGUF file, loaded on demand in chunks.
 
-    def __init__(self, buf: mmap.mmap, size: int) -> None:
-        self.buf = buf
-        self.size = size
+    Only the metadata and the tensor table are read (the weights are never touched), into one
+    growing buffer, so positions are file offsets."""
+
+    def __init__(self, fh: BinaryIO, size: int) -> None:
+        self.fh = fh
+        self.size = size  # what stat said; the file may shrink while it is read
+        self.buf = bytearray()
         self.pos = 0
+
+    def load(self, end: int) -> None:
+        """Have the file's bytes up to ``end`` in ``buf`` (callers checked ``end <= size``)."""
+        have = len(self.buf)
+        if end <= have:
+            return
+        want = min(self.size, max(end, have + _CHUNK)) - have
+        self.buf += self.fh.read(want)
+        if len(self.buf) < end:
+            raise _Corrupt(f"it ended at byte {len(self.buf)} while being read, though it had "
+                           f"{self.size} bytes (it was truncated or replaced meanwhile)")
 
     def need(self, n: int) -> None:
         if n < 0 or self.pos + n > self.size:
             raise _Corrupt(f"it ends at byte {self.size} while reading {n} bytes at {self.pos}")
+        self.load(self.pos + n)
 
     def u32(self) -> int:
         self.need(4)
@@ -168,12 +198,11 @@ class _Reader:
     def string(self) -> bytes:
         n = self.u64()
         self.need(n)
-        s = self.buf[self.pos:self.pos + n]
+        s = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return s
 
-    def skip_string(self) -> None:
-        n = self.u64()
+    def skip(self, n: int) -> None:
         self.need(n)
         self.pos += n
 
@@ -193,11 +222,14 @@ class _Reader:
         for _ in range(count):
             if pos + 8 > size:
                 raise _Corrupt("a string array runs past the end of the file")
+            if pos + 8 > len(buf):
+                self.load(pos + 8)  # grows ``buf`` in place
             pos += 8 + unpack(buf, pos)[0]
             if offsets is not None:
                 offsets.append(pos - start)
         if pos > size:
             raise _Corrupt("a string array runs past the end of the file")
+        self.load(pos)
         self.pos = pos
         if offsets is None:
             return None
@@ -211,8 +243,7 @@ def _value(r: _Reader, vtype: int, key: str, want_tokens: bool) -> Any:
         n_start = r.pos
         n = r.u64()
         if n > _KEEP_STRING_MAX:
-            r.need(n)
-            r.pos += n
+            r.skip(n)
             return "<long string>"
         r.pos = n_start
         return r.string().decode("utf-8", "replace")
@@ -232,7 +263,7 @@ def _value(r: _Reader, vtype: int, key: str, want_tokens: bool) -> Any:
         values = list(struct.unpack_from(f"<{count}{fmt[1]}", r.buf, r.pos))
         r.pos += count * size
         return values
-    r.pos += count * size
+    r.skip(count * size)
     return _ArrayInfo(count, None)
 
 
@@ -284,9 +315,9 @@ def _align(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
 
-def _parse(path: Path, buf: mmap.mmap, size: int, want_tokens: bool
+def _parse(path: Path, fh: BinaryIO, size: int, want_tokens: bool
            ) -> tuple[dict[str, Any], list[_Tensor]]:
-    r = _Reader(buf, size)
+    r = _Reader(fh, size)
     r.need(4)
     r.pos = 4  # magic, checked by the caller
     version = r.u32()
@@ -305,6 +336,9 @@ def _parse(path: Path, buf: mmap.mmap, size: int, want_tokens: bool
     alignment = meta.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise _Corrupt(f"general.alignment is {alignment!r}, not a power of two")
+    # The size now, not at the start: a file cut in its weights while the header was read is
+    # then "truncated" too.
+    size = min(size, os.fstat(fh.fileno()).st_size)
     _check_layout(path, tensors, _align(r.pos, alignment), alignment, size)
     return meta, tensors
 
@@ -350,8 +384,8 @@ def _check_header(path: Path) -> int:
 
 def _read_file(path: Path, size: int, want_tokens: bool) -> tuple[dict[str, Any], list[_Tensor]]:
     try:
-        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(path, buf, size, want_tokens)
+        with path.open("rb") as fh:
+            return _parse(path, fh, size, want_tokens)
     except _Corrupt as exc:
         raise GGUFError(f"{path}: corrupt or truncated GGUF ({exc})") from None
     except (ValueError, OSError, struct.error, UnicodeError, MemoryError) as exc:
@@ -398,6 +432,7 @@ def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tok_model, str) or not isinstance(tokens, _ArrayInfo):
         raise GGUFError(f"{path}: no tokenizer in its metadata; localspec cannot run it")
+    _check_hparams(path, meta, arch)
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     add_eos = meta.get("tokenizer.ggml.add_eos_token")
     name = meta.get("general.name")
@@ -426,6 +461,114 @@ def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -
         tensor_count=len(tensors),
         vocab=tokens.table,
     )
+
+
+class _BadHparam(Exception):
+    """A hyperparameter llama.cpp would abort on; the message names the key and the rule."""
+
+
+def _count(meta: dict[str, Any], key: str, default: int | None = 0) -> int | None:
+    """An integer hyperparameter (a count), ``default`` when absent. A value of another type is
+    left to llama.cpp, which refuses a mistyped key with an error rather than an abort."""
+    value = meta.get(key)
+    return default if value is None else _int(value)
+
+
+def _per_layer(meta: dict[str, Any], key: str, n_layer: int, default: list[int]) -> list[int]:
+    """A count llama.cpp reads as a scalar for every layer or as one value per layer."""
+    value = meta.get(key)
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int)]
+    scalar = _int(value)
+    return [scalar] * n_layer if scalar is not None else default
+
+
+def _check_counts(meta: dict[str, Any], arch: str) -> int:
+    """Layer and expert counts, as llama_model_base::load_hparams asserts them. Returns the
+    layer count."""
+    key = f"{arch}.block_count"
+    n_layer = _count(meta, key, None)
+    if n_layer is None:
+        raise _BadHparam(f"no {key} (the layer count) in its metadata")
+    if not 0 < n_layer <= LLAMA_MAX_LAYERS:
+        raise _BadHparam(f"{key} is {n_layer}; llama.cpp allows 1 to {LLAMA_MAX_LAYERS} layers")
+    nextn = _count(meta, f"{arch}.nextn_predict_layers")
+    if nextn is not None and not 0 <= nextn <= n_layer:
+        raise _BadHparam(f"{arch}.nextn_predict_layers is {nextn}, more than its {n_layer} "
+                         "layers")
+    n_expert = _count(meta, f"{arch}.expert_count") or 0
+    used = max(_per_layer(meta, f"{arch}.expert_used_count", n_layer, [0]), default=0)
+    groups = _count(meta, f"{arch}.expert_group_count") or 0
+    group_used = _count(meta, f"{arch}.expert_group_used_count") or 0
+    if arch in _EXPERTS_OPTIONAL and n_expert <= 1:
+        n_expert, used = 0, 0  # what llama.cpp sets before asserting
+    if not 0 <= n_expert <= LLAMA_MAX_EXPERTS:
+        raise _BadHparam(f"{arch}.expert_count is {n_expert}; llama.cpp allows at most "
+                         f"{LLAMA_MAX_EXPERTS} experts")
+    if n_expert == 0:
+        if used or groups:
+            raise _BadHparam(f"{arch}.expert_used_count or expert_group_count is set but "
+                             "there are no experts (no expert_count)")
+        return n_layer
+    if not 0 < used <= n_expert:
+        raise _BadHparam(f"{arch}.expert_used_count is {used}; it must be 1 to the "
+                         f"{n_expert} experts")
+    if not 0 <= groups < n_expert:
+        raise _BadHparam(f"{arch}.expert_group_count is {groups}, not fewer than the "
+                         f"{n_expert} experts")
+    if groups > 1 and (n_expert % groups or not 0 < group_used < groups):
+        raise _BadHparam(f"{arch}: {n_expert} experts in {groups} groups with {group_used} "
+                         "used do not fit (the groups must divide the experts, and fewer "
+                         "than all be used)")
+    return n_layer
+
+
+def _check_heads(meta: dict[str, Any], arch: str, n_layer: int) -> None:
+    """Head counts that divide the dimensions they split: llama.cpp derives the head size by
+    integer division and the grouped-query attention assumes whole groups."""
+    keys = (f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv")
+    n_head = _per_layer(meta, keys[0], n_layer, [])
+    n_head_kv = _per_layer(meta, keys[1], n_layer, n_head)
+    if any(h < 0 for h in n_head + n_head_kv):
+        raise _BadHparam(f"{arch}.attention.head_count or head_count_kv is negative")
+    # zip stops at the shorter: llama.cpp refuses per-layer arrays of a wrong length itself.
+    for i, (h, kv) in enumerate(zip(n_head, n_head_kv, strict=False)):
+        if h and kv and h % kv:
+            where = f" in layer {i}" if any(isinstance(meta.get(k), list) for k in keys) else ""
+            raise _BadHparam(f"{arch}.attention.head_count_kv {kv} does not divide "
+                             f"head_count {h}{where}")
+    n_embd = _count(meta, f"{arch}.embedding_length", None)
+    first = n_head[0] if n_head else 0
+    if first and n_embd is not None and f"{arch}.attention.key_length" not in meta \
+            and n_embd % first:
+        raise _BadHparam(f"{arch}.attention.head_count {first} does not divide "
+                         f"embedding_length {n_embd} (and no key_length says the head size)")
+
+
+def _check_floats(meta: dict[str, Any], arch: str) -> None:
+    """Normalisation epsilons (ggml asserts eps >= 0, and NaN fails it) and the RoPE scaling
+    type (an unknown name fails an assertion)."""
+    for key, value in meta.items():
+        if not (key.startswith(arch + ".") and key.endswith("epsilon")):
+            continue
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, (int, float)) and not (math.isfinite(v) and v > 0):
+                raise _BadHparam(f"{key} is {v}; it must be a finite number above 0")
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if isinstance(scaling, str) and scaling not in ROPE_SCALING_TYPES:
+        raise _BadHparam(f"{arch}.rope.scaling.type is {scaling!r}, not one of "
+                         f"{', '.join(ROPE_SCALING_TYPES)}")
+
+
+def _check_hparams(path: Path, meta: dict[str, Any], arch: str) -> None:
+    """Refuse, in one line, the hyperparameters llama.cpp would abort the process on."""
+    try:
+        n_layer = _check_counts(meta, arch)
+        _check_heads(meta, arch, n_layer)
+        _check_floats(meta, arch)
+    except _BadHparam as exc:
+        raise GGUFError(f"{path}: impossible model hyperparameters: {exc}") from None
 
 
 def read_gguf_info(path: str | Path, *, with_tokens: bool = False) -> GGUFInfo:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,10 @@ class TinyModelSpec:
     # Scale of the control tokens' output rows: 0 makes EOS practically never chosen greedily.
     eos_scale: float = 0.0
     name: str = "tiny"
+    # Metadata keys set after (and over) the ones written from the fields above, to craft files
+    # with unusual or impossible hyperparameters: ints are written as u32 (as GGUF counts are;
+    # negative ones as i32), floats as f32, strings as strings.
+    metadata: tuple[tuple[str, int | float | str], ...] = ()
 
 
 def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
@@ -125,6 +130,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+    for key, value in spec.metadata:
+        _set_key(writer, key, value)
     for name, array in weights.items():
         layer = name.split(".")[1] if name.startswith("blk.") else None
         if layer is not None and int(layer) >= n_layer:
@@ -136,6 +143,21 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     writer.close()
     replace_durably(tmp, path)
     return path
+
+
+def _set_key(writer: Any, key: str, value: int | float | str) -> None:
+    from gguf import GGUFValueType
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"metadata {key}: unsupported value {value!r}")
+    if isinstance(value, str):
+        vtype = GGUFValueType.STRING
+    elif isinstance(value, float):
+        vtype = GGUFValueType.FLOAT32
+    else:
+        vtype = GGUFValueType.UINT32 if value >= 0 else GGUFValueType.INT32
+    writer.kv_data[0].pop(key, None)  # an override, not a duplicate key (the writer warns)
+    writer.add_key_value(key, value, vtype)
 
 
 def shallow_copy(spec: TinyModelSpec, keep_layers: int) -> TinyModelSpec:
