@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.cli.guard import crash_line, run_guarded
+from localspec.cli.guard import crash_line, log_path, run_guarded
 from localspec.engine import activity, repack
 
 from .conftest import run_cli
@@ -34,8 +34,9 @@ def test_a_native_crash_is_one_line_naming_phase_model_and_signal(
     assert code == 128 + signal.SIGSEGV
     err = capfd.readouterr().err.strip().splitlines()
     assert err[-1] == ("localspec: error: llama.cpp crashed in native code (SIGSEGV, signal 11) "
-                       "while verifying with target-q4_k_m.gguf; run `localspec doctor` to check "
-                       "this machine and include its output in a bug report")
+                       f"while verifying with target-q4_k_m.gguf; details in {log_path()}; run "
+                       "`localspec doctor` to check this machine and include its output in a "
+                       "bug report")
 
 
 def test_a_normal_exit_passes_through_and_nothing_is_printed(
@@ -91,7 +92,7 @@ def test_a_stale_or_corrupt_cache_is_ignored(tmp_path: Path) -> None:
 def test_forcing_needs_no_self_test() -> None:
     assert repack.repack_decision("on").use_extra_bufts
     assert not repack.repack_decision("off").use_extra_bufts
-    assert repack.repack_decision("auto", quantized=False).source == "not needed"
+    assert repack.repack_decision("off", quantized=False).kind == "unquantized"
 
 
 def test_the_first_run_never_waits_and_a_background_self_test_decides(

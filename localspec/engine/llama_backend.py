@@ -32,10 +32,14 @@ from . import activity
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("localspec.llama_cpp")
+# A failed GGML_ASSERT's message, logged just before llama.cpp aborts the process; a supervisor
+# may give this logger handlers of its own (the CLI's crash guard puts it in its one line).
+abort_log = logging.getLogger("localspec.llama_cpp.abort")
 # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continuation lines).
 _LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
                4: logging.ERROR, 5: logging.DEBUG}
 _log_callback: Any = None  # keeps the ctypes callback alive for as long as llama.cpp may call it
+_abort_callback: Any = None  # likewise for ggml's abort callback
 _backend_ready = False
 # llama.cpp reports why a load failed only in its log; the last error line goes into our message.
 _last_error: list[str] = [""]
@@ -46,11 +50,18 @@ _TAIL = 64
 
 
 def route_llama_logs_to_logging() -> None:
-    """Send llama.cpp's own log lines to ``logging`` instead of stderr (they wreck a TUI)."""
+    """Send llama.cpp's own log lines to ``logging`` instead of stderr (they wreck a TUI), and
+    the message of a failed assertion too, without the backtrace ggml prints before aborting."""
     global _log_callback
     if _log_callback is not None:
         return
+    # ggml answers a failed GGML_ASSERT (and an uncaught C++ exception) by attaching gdb to the
+    # process: seconds, and ~70 lines of backtrace on the user's terminal. It reads this
+    # variable when the library loads and again at each abort; a user who set it keeps theirs.
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     import llama_cpp
+
+    _route_aborts_to_logging()
 
     @llama_cpp.llama_log_callback  # type: ignore[misc]
     def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -62,6 +73,37 @@ def route_llama_logs_to_logging() -> None:
 
     _log_callback = _callback
     llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+def _route_aborts_to_logging() -> None:
+    """ggml's abort callback: the assertion's message goes to ``abort_log``, not stderr (ggml
+    then aborts the process as before; what supervises it reports the death)."""
+    global _abort_callback
+    # llama_cpp._ggml (llama-cpp-python 0.3.36) loads libggml; ggml_set_abort_callback is ggml's
+    # public C API (ggml.h), not bound by llama-cpp-python.
+    import llama_cpp._ggml as ggml
+
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+    @callback_type  # type: ignore[misc]
+    def _callback(message: bytes | None) -> None:
+        try:
+            text = (message or b"").decode("utf-8", errors="replace").strip()
+            # "/build/.../src/llama-model.cpp:1328: GGML_ASSERT(...) failed": the file's name
+            # is enough; the build folder is noise.
+            where, sep, rest = text.partition(": ")
+            abort_log.critical("%s", Path(where).name + sep + rest)
+        except Exception:  # nothing may escape into native code
+            pass
+
+    try:
+        setter = ggml.libggml.ggml_set_abort_callback
+    except AttributeError:  # a build without it: ggml prints the message itself
+        return
+    setter.argtypes = [callback_type]
+    setter.restype = ctypes.c_void_p
+    setter(_callback)
+    _abort_callback = _callback
 
 
 def _init_backend() -> Any:

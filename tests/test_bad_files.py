@@ -1,0 +1,242 @@
+"""Files llama.cpp would abort on are refused before it sees them, in one line, by every command;
+what still goes wrong in a guarded command (an exception, a native abort, a file truncated under
+llama.cpp) is one line too, never silence, a backtrace or a bus error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localspec.cli.guard import log_path, run_guarded
+from localspec.engine import gguf_meta
+from localspec.errors import GGUFError
+from localspec.models.tiny import TinyModelSpec, write_tiny_model
+
+from .conftest import run_cli
+
+# name -> (the file's shape, what the one-line refusal names)
+BAD = {
+    "layers-1e6": (TinyModelSpec(metadata=(("llama.block_count", 10**6),)),
+                   "llama.block_count is 1000000"),
+    "layers-513": (TinyModelSpec(metadata=(("llama.block_count", 513),)),
+                   "llama.block_count is 513"),
+    "experts-1e5": (TinyModelSpec(metadata=(("llama.expert_count", 10**5),)),
+                    "llama.expert_count is 100000"),
+    "eps-nan": (TinyModelSpec(metadata=(("llama.attention.layer_norm_rms_epsilon",
+                                         float("nan")),)),
+                "layer_norm_rms_epsilon is nan"),
+    "kv-heads-3-of-4": (TinyModelSpec(n_head=4, n_head_kv=3),
+                        "head_count_kv 3 does not divide head_count 4"),
+    "heads-3-of-64": (TinyModelSpec(n_head=3, n_head_kv=3),
+                      "head_count 3 does not divide embedding_length 64"),
+}
+# The ones llama.cpp 0.3.36 answers with SIGABRT (3 heads of a 64-wide model is a load error).
+ABORTS = ("layers-1e6", "layers-513", "experts-1e5", "eps-nan", "kv-heads-3-of-4")
+
+
+@pytest.fixture(scope="session")
+def bad_files(models_dir: Path) -> dict[str, Path]:
+    folder = models_dir / "bad"
+    return {name: write_tiny_model(folder / f"{name}.gguf", spec)
+            for name, (spec, _) in BAD.items()}
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("localspec: error: "), stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_the_validation_names_the_impossible_value(bad_files: dict[str, Path],
+                                                   name: str) -> None:
+    with pytest.raises(GGUFError) as err:
+        gguf_meta.read_gguf_info(bad_files[name])
+    message = str(err.value)
+    assert BAD[name][1] in message and str(bad_files[name]) in message
+    assert "\n" not in message
+
+
+def test_a_valid_file_with_these_keys_in_range_passes(tmp_path: Path) -> None:
+    """The rules refuse what llama.cpp aborts on, not the keys themselves."""
+    ok = write_tiny_model(tmp_path / "ok.gguf", TinyModelSpec(metadata=(
+        ("llama.block_count", 2), ("llama.attention.layer_norm_rms_epsilon", 1e-6),
+        ("llama.rope.scaling.type", "linear"))))
+    assert gguf_meta.read_gguf_info(ok).block_count == 2
+
+
+@pytest.mark.parametrize("name", ABORTS)
+def test_llama_cpp_really_aborts_on_them(bad_files: dict[str, Path], name: str) -> None:
+    """Why the rules exist: loaded by llama.cpp directly (no localspec in between), each file
+    kills the process with SIGABRT. If a llama.cpp upgrade returns an error instead, this
+    fails and the rule can go."""
+    code = ("import sys, llama_cpp as l\n"
+            "l.llama_backend_init()\n"
+            "mp = l.llama_model_default_params()\n"
+            "m = l.llama_model_load_from_file(sys.argv[1].encode(), mp)\n"
+            "assert m, 'refused with an error'\n"
+            "p = l.llama_context_default_params(); p.n_ctx = 64\n"
+            "c = l.llama_init_from_model(m, p)\n"
+            "assert c, 'refused with an error'\n"
+            "l.llama_decode(c, l.llama_batch_get_one((l.llama_token * 2)(1, 5), 2))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(bad_files[name])],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+    assert proc.returncode == -signal.SIGABRT, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_inspect_run_and_pair_add_refuse_them_in_one_line(bad_files: dict[str, Path],
+                                                          target_gguf: Path, name: str) -> None:
+    bad = str(bad_files[name])
+    runs = {
+        "inspect": run_cli("inspect", bad),
+        "inspect --draft": run_cli("inspect", str(target_gguf), "--draft", bad),
+        "run": run_cli("run", "--target", bad, "--draft-mode", "none", "-n", "4", "hello"),
+        "run with a draft": run_cli("run", "--target", str(target_gguf), "--draft", bad,
+                                    "-n", "4", "hello"),
+        "pair add": run_cli("pair", "add", "bad", "--target", bad, "--draft",
+                            str(target_gguf)),
+    }
+    for what, proc in runs.items():
+        assert proc.returncode == 1, (what, proc.returncode, proc.stderr)
+        assert proc.stdout == "", (what, proc.stdout[:2000])  # no gdb, no llama.cpp
+        assert BAD[name][1] in _one_error_line(proc.stderr), what
+    listed = run_cli("list")
+    assert "bad" not in listed.stdout.split()  # pair add saved nothing
+
+
+# -- what still fails in a guarded command -------------------------------------------------------
+BAD_TEMPLATES = {
+    "unknown filter": ("{{ messages | no_such_filter }}", "TemplateAssertionError"),
+    "runaway recursion": ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+                          "RecursionError"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TEMPLATES))
+def test_a_chat_template_jinja_cannot_render_is_one_line_not_silence(
+        tmp_path: Path, isolated_home: Path, case: str) -> None:
+    template, error = BAD_TEMPLATES[case]
+    model = write_tiny_model(tmp_path / "t.gguf", TinyModelSpec(metadata=(
+        ("tokenizer.chat_template", template),)))
+    proc = run_cli("run", "--target", str(model), "--draft-mode", "none", "-n", "4", "hello")
+    assert proc.returncode == 1
+    line = _one_error_line(proc.stderr)
+    assert error in line and "Traceback" not in proc.stderr
+    log = log_path()
+    assert str(log) in line
+    assert "Traceback (most recent call last)" in log.read_text() and error in log.read_text()
+
+
+def _raise_type_error() -> int:
+    raise TypeError("a bug\nwith a second line")
+
+
+def test_any_exception_in_the_guarded_child_is_one_line(capfd: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    assert run_guarded(_raise_type_error) == 1
+    err = capfd.readouterr().err
+    assert _one_error_line(err).startswith("localspec: error: unexpected TypeError: a bug (")
+    assert 'raise TypeError("a bug' in log_path().read_text()
+
+
+def _exit_with(code: int | str | None) -> int:
+    raise SystemExit(code)
+
+
+def test_sys_exit_in_the_guarded_child_keeps_its_status(capfd: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    assert run_guarded(lambda: _exit_with(3)) == 3
+    assert run_guarded(lambda: _exit_with(None)) == 0
+    assert capfd.readouterr().err == ""
+    assert run_guarded(lambda: _exit_with("gave up")) == 1
+    assert capfd.readouterr().err == "localspec: error: gave up\n"
+
+
+def _llama_cpp_asserts(model: Path) -> int:
+    """Hand llama.cpp a file it asserts on, past localspec's validation (as a file with a rule
+    localspec does not know yet would reach it)."""
+    import faulthandler
+
+    import llama_cpp
+
+    from localspec.engine import activity
+    from localspec.engine.llama_backend import route_llama_logs_to_logging
+
+    faulthandler.disable()  # pytest's own handler would print the stacks on stderr
+    route_llama_logs_to_logging()
+    activity.report("loading", model)
+    llama_cpp.llama_model_load_from_file(str(model).encode(),
+                                         llama_cpp.llama_model_default_params())
+    return 0  # pragma: no cover
+
+
+def test_a_native_abort_is_one_line_with_its_assertion_and_no_backtrace(
+        bad_files: dict[str, Path], capfd: pytest.CaptureFixture[str]) -> None:
+    model = bad_files["layers-513"]
+    assert run_guarded(lambda: _llama_cpp_asserts(model)) == 128 + signal.SIGABRT
+    out, err = capfd.readouterr()
+    assert out == ""  # ggml's gdb backtrace went to stdout
+    line = _one_error_line(err)
+    assert "(SIGABRT, signal 6) while loading with layers-513.gguf" in line
+    assert "(llama-model.cpp:" in line and "LLAMA_MAX_LAYERS) failed)" in line
+    assert f"details in {log_path()}" in line
+    assert "GGML_ASSERT(hparams.n_layer_all > 0" in log_path().read_text()
+
+
+def _truncate_under_llama_cpp(model: Path) -> int:
+    """Load a model (llama.cpp maps its weights), shrink the file, decode: the weights' pages
+    are gone, as when a download replaces a model a command is using."""
+    from localspec.engine import activity
+    from localspec.engine.llama_backend import LlamaRunner, ModelSettings
+
+    runner = LlamaRunner(model, ModelSettings(n_ctx=64), extra_bufts=False)
+    os.truncate(model, model.stat().st_size // 2)
+    with activity.doing("decoding", model):
+        runner.decode([1, 5, 6])
+    return 0  # pragma: no cover
+
+
+def test_a_model_truncated_under_llama_cpp_is_a_bad_file_line_not_a_bus_error(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    model = write_tiny_model(tmp_path / "shrinking.gguf", TinyModelSpec())
+    assert run_guarded(lambda: _truncate_under_llama_cpp(model)) == 1
+    line = _one_error_line(capfd.readouterr().err)
+    assert str(model) in line and "truncated" in line
+    assert line.endswith("; it changed while llama.cpp was reading it")
+
+
+def _cut_points(model: Path) -> dict[str, int]:
+    """Where to cut ``model``, found by the gguf package's own reader (not ours)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(model)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    return {"header": 20, "vocabulary": int(tokens.offset) + 100,
+            "tensor table": int(reader.data_offset) - 40,
+            "weights": int(reader.data_offset) + 1000}
+
+
+@pytest.mark.parametrize("where", ["header", "vocabulary", "tensor table", "weights"])
+def test_a_file_that_shrinks_while_its_metadata_is_read_is_one_line(
+        tmp_path: Path, where: str) -> None:
+    """What stat said, then a shorter file to read: a short read and one line, where a memory
+    map faulted (SIGBUS, exit 135, nothing said)."""
+    model = write_tiny_model(tmp_path / "m.gguf", TinyModelSpec())
+    size = model.stat().st_size
+    os.truncate(model, _cut_points(model)[where])
+    with pytest.raises(GGUFError) as err:
+        gguf_meta._read_file(model, size, want_tokens=True)
+    message = str(err.value)
+    assert str(model) in message and "\n" not in message
+    if where == "weights":  # the header is whole: the layout check, on the size now, says it
+        assert "truncated: tensor" in message
+    else:
+        assert "truncated or replaced meanwhile" in message
