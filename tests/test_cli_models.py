@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from localspec.cli import main
+from localspec.files import temporary_name
 from localspec.models.catalogue import user_pairs_path
 from tests.ollama_helpers import (
     RegistryServer,
@@ -128,3 +134,71 @@ def test_run_a_single_ollama_model_by_name(store: Path, target_gguf: Path,
     assert out["stats"]["completion_tokens"] == 6
     assert main(["run", "no-such-thing", "hello"]) == 1
     assert "no pair named 'no-such-thing'" in capsys.readouterr().err
+
+
+def test_pair_add_saves_paths_absolute_so_the_pair_runs_from_anywhere(
+        tmp_path: Path, target_gguf: Path, draft_gguf: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    here, elsewhere = tmp_path / "models-here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(target_gguf, here / "t.gguf")
+    shutil.copy(draft_gguf, here / "d.gguf")
+    monkeypatch.chdir(here)
+    assert main(["pair", "add", "rel", "--target", "t.gguf", "--draft", "./d.gguf"]) == 0
+    saved = tomllib.loads(user_pairs_path().read_text())["pair"][0]
+    assert (saved["target"], saved["draft"]) == (str(here / "t.gguf"), str(here / "d.gguf"))
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["run", "rel", "hello", "-n", "3", "--ctx", "128", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["completion_tokens"] == 3
+
+
+@contextlib.contextmanager
+def _unwritable(folder: Path, how: str) -> Iterator[None]:
+    """Make writes into ``folder`` fail for real. Read-only: chmod, or, as root (whom chmod
+    does not stop), the immutable attribute. Full: the temporary file the write goes through
+    is /dev/full, which fails every write with ENOSPC (a stand-in for a full disk)."""
+    if how == "full":
+        tmp = temporary_name(user_pairs_path())  # this process's and thread's temporary name
+        tmp.symlink_to("/dev/full")
+        try:
+            yield
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("running as root on a file system without chattr +i: nothing read-only")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_pair_add_and_remove_on_an_unwritable_folder_are_one_line(
+        how: str, tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pair", "add", "kept", "--target", "tiny:big", "--draft", "tiny:small"]) == 0
+    path = user_pairs_path()
+    before = path.read_text()
+    capsys.readouterr()
+    errors = []
+    for command in (["add", "mine", "--target", "tiny:big", "--draft", "tiny:small"],
+                    ["remove", "kept"]):
+        with _unwritable(path.parent, how):  # each: a failed write removes its temporary file
+            assert main(["pair", *command]) == 1
+        errors.append(capsys.readouterr().err)
+    reason = "No space left on device" if how == "full" else (
+        "Permission denied" if os.geteuid() != 0 else "Operation not permitted")
+    for err in errors:
+        assert err == f"localspec: error: cannot save your pairs to {path}: {reason}\n"
+    assert path.read_text() == before  # nothing half-written, nothing lost
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
