@@ -569,25 +569,70 @@ def _folder_size(folder: Path) -> tuple[int, int]:
     return total, files
 
 
-def check_paths() -> Check:
+# Below this much free space localspec's own writes start failing: saved chats, the calibration
+# and GGUF caches, the self-test's models (~100 MB) and the demo's. A warning, not a failure:
+# `run` itself writes nothing it needs.
+LOW_SPACE_BYTES = 1 << 30
+DiskUsage = Callable[[Path], Any]  # shutil.disk_usage's shape: .total, .used, .free in bytes
+
+
+def free_bytes(folder: Path, usage: DiskUsage | None = None) -> int | None:
+    """Free space on the file system that holds ``folder`` (or would: its nearest existing
+    parent); None when it cannot be asked."""
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        return int((usage or shutil.disk_usage)(probe).free)
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def low_space(free: dict[str, int | None], threshold: int = LOW_SPACE_BYTES) -> str | None:
+    """One phrase naming the folders (by label) with less than ``threshold`` free, or None.
+    Folders on one file system share a figure, so they are said together."""
+    by_free: dict[int, list[str]] = {}
+    for label, n in free.items():
+        if n is not None and n < threshold:
+            by_free.setdefault(n, []).append(label)
+    if not by_free:
+        return None
+    parts = [f"{'no space' if n == 0 else 'only ' + human_bytes(n)} left for "
+             f"{', '.join(labels)}" for n, labels in sorted(by_free.items())]
+    return "; ".join(parts)
+
+
+def check_paths(usage: DiskUsage | None = None, threshold: int = LOW_SPACE_BYTES) -> Check:
+    """localspec's folders: where, writable, how big the cache is, and free space (``usage``
+    asks the file system, ``shutil.disk_usage`` by default)."""
     from . import paths
 
     folders = {"config": paths.config_dir(), "data": paths.data_dir(), "cache": paths.cache_dir()}
     details: dict[str, Any] = {"home_override": os.environ.get("LOCALSPEC_HOME")}
+    free: dict[str, int | None] = {}
     for label, folder in folders.items():
         details[f"{label}_dir"] = str(folder)
         details[f"{label}_writable"] = _writable(folder)
+        free[label] = details[f"{label}_free_bytes"] = free_bytes(folder, usage)
     size, files = _folder_size(folders["cache"])
-    details.update(cache_bytes=size, cache_files=files)
+    details.update(cache_bytes=size, cache_files=files, low_space_bytes=threshold)
     summary = (f"data {_show(folders['data'])}, cache {_show(folders['cache'])} "
                f"({human_bytes(size)} in {files} file{'' if files == 1 else 's'})")
+    problems = []
     stuck = [_show(f) for label, f in folders.items() if not details[f"{label}_writable"]]
     if stuck:
-        # Not blocking: an unwritable cache costs a self-test per run, an unwritable data dir
-        # loses saved chats; `run` itself still works.
-        return Check("paths", "warn", f"{summary}; not writable: {', '.join(stuck)}",
-                     "make them writable, or set LOCALSPEC_HOME to a folder you can write",
-                     details)
+        problems.append(f"not writable: {', '.join(stuck)}")
+    short = low_space(free, threshold)
+    if short:
+        problems.append(short)
+    if problems:
+        # Not blocking: an unwritable or full cache costs a self-test per run, an unwritable
+        # data dir loses saved chats; `run` itself still works.
+        todo = " and ".join(([f"make {'them' if len(stuck) > 1 else 'it'} writable"]
+                             if stuck else [])
+                            + (["free some space there"] if short else []))
+        fix = f"{todo}, or set LOCALSPEC_HOME to a folder you can write on a disk with room"
+        return Check("paths", "warn", f"{summary}; {'; '.join(problems)}", fix, details)
     return Check("paths", "ok", summary, None, details)
 
 

@@ -6,10 +6,12 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -238,3 +240,42 @@ def test_a_broken_llama_cpp_fails_with_the_reinstall(tmp_path: Path, body: str,
     assert check.fix and "--force-reinstall" in check.fix
     assert check.fix.endswith(f"llama-cpp-python=={LLAMA_VERSION}")
     assert doctor.check_repack(build).status == "info"  # no self-test on a broken build
+
+
+def test_low_space_names_the_short_folders_together() -> None:
+    gb = 1_000_000_000
+    assert doctor.low_space({"config": 50 * gb, "data": 50 * gb, "cache": None}) is None
+    assert doctor.low_space({"config": 0, "data": 0, "cache": 5 * gb}) == \
+        "no space left for config, data"
+    assert doctor.low_space({"config": 300_000_000, "data": 50 * gb, "cache": 300_000_000},
+                            threshold=gb) == "only 300.0 MB left for config, cache"
+    assert doctor.low_space({"cache": 300_000_000}, threshold=100_000_000) is None
+
+
+def _full_disk(folder: Path) -> SimpleNamespace:
+    """A fake disk at 100%, shaped like shutil.disk_usage's answer: no full file system can be
+    made on this machine for a test."""
+    return SimpleNamespace(total=64_000_000_000, used=64_000_000_000, free=0)
+
+
+def test_paths_warns_with_the_free_space_from_the_measurement() -> None:
+    check = doctor.check_paths()  # this machine's real disk: its figure is reported as is
+    assert check.details["cache_free_bytes"] == shutil.disk_usage(
+        next(p for p in repack.cache_file().parents if p.exists())).free
+    full = doctor.check_paths(usage=_full_disk)
+    assert full.status == "warn" and full.summary.endswith("; no space left for config, data, "
+                                                           "cache")
+    assert full.fix and "free some space" in full.fix and "LOCALSPEC_HOME" in full.fix
+    assert full.details["data_free_bytes"] == 0
+
+
+def test_doctor_on_a_full_home_says_so(monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(shutil, "disk_usage", _full_disk)  # the fake full disk, for the CLI
+    assert main(["doctor"]) == 0  # a warning: `run` itself still works
+    out = capsys.readouterr().out.splitlines()
+    line = next(ln for ln in out if " paths: " in ln)
+    assert line.startswith("[warn] paths: ") and line.endswith("no space left for config, data, "
+                                                               "cache")
+    assert out[out.index(line) + 1].startswith("       fix: free some space there, or set "
+                                               "LOCALSPEC_HOME")
