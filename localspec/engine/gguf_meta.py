@@ -172,7 +172,8 @@ class _Reader:
         have = len(self.buf)
         if end <= have:
             return
-        want = min(self.size, max(end, have + _CHUNK)) - have
+        # Geometric read-ahead: few reads and copies for a large vocabulary, one for a small.
+        want = min(self.size, max(end, have + max(_CHUNK, have))) - have
         self.buf += self.fh.read(want)
         if len(self.buf) < end:
             raise _Corrupt(f"it ended at byte {len(self.buf)} while being read, though it had "
@@ -218,12 +219,14 @@ class _Reader:
         start = self.pos
         unpack, buf, size = _U64.unpack_from, self.buf, self.size
         pos = start
+        have = len(buf)
         offsets = array("Q", [0]) if keep_offsets else None
         for _ in range(count):
-            if pos + 8 > size:
-                raise _Corrupt("a string array runs past the end of the file")
-            if pos + 8 > len(buf):
+            if pos + 8 > have:
+                if pos + 8 > size:
+                    raise _Corrupt("a string array runs past the end of the file")
                 self.load(pos + 8)  # grows ``buf`` in place
+                have = len(buf)
             pos += 8 + unpack(buf, pos)[0]
             if offsets is not None:
                 offsets.append(pos - start)
@@ -233,7 +236,9 @@ class _Reader:
         self.pos = pos
         if offsets is None:
             return None
-        return TokenTable(bytes(buf[start:pos]), offsets)
+        with memoryview(buf) as view:  # one copy, not a bytearray slice and then bytes
+            raw = bytes(view[start:pos])
+        return TokenTable(raw, offsets)
 
 
 def _value(r: _Reader, vtype: int, key: str, want_tokens: bool) -> Any:
@@ -727,3 +732,16 @@ def iter_cache_files() -> Iterator[Path]:
 
 __all__ = ["GGUFInfo", "PairReport", "TokenTable", "check_pair", "file_identity",
            "has_quantized_weights", "pair_report", "read_gguf_info", "validate_pair"]
+
+
+def read_tensor_sizes(path: str | Path
+                      ) -> tuple[GGUFInfo, dict[str, Any], tuple[tuple[str, int], ...]]:
+    """A validated file's info, its metadata (long arrays such as the vocabulary left out) and
+    each tensor's name and size in bytes, from the header alone: what GPU placement
+    (engine/placement.py) sums layer by layer. Raises GGUFError with a one-line reason."""
+    path = Path(path).expanduser()
+    size = _check_header(path)
+    meta, tensors = _read_file(path, size, want_tokens=False)
+    info = _info(path, size, meta, tensors)
+    plain = {k: v for k, v in meta.items() if not isinstance(v, _ArrayInfo)}
+    return info, plain, tuple((t.name, t.n_bytes) for t in tensors)
