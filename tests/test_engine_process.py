@@ -174,6 +174,9 @@ def test_metrics_and_errors_pass_through_the_front(target_gguf: Path, draft_gguf
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
         nested = httpx.post(url + "/v1/completions", headers=auth, content=b"[" * 100_000)
         assert nested.status_code == 400
+        surrogate = httpx.post(url + "/v1/chat/completions", headers=auth,
+                               content=b'{"model": "\\ud800", "messages": []}')
+        assert surrogate.status_code == 400 and surrogate.json()["error"]["param"] == "model"
         ok = httpx.post(url + "/v1/completions", headers=auth,
                         json={"prompt": "the", "max_tokens": 3})
         assert ok.status_code == 200 and json.loads(ok.text)["usage"]["completion_tokens"] == 3

@@ -272,6 +272,37 @@ def test_bad_messages_and_model(client: openai.OpenAI) -> None:
     assert nf.value.body["code"] == "model_not_found" and MODEL in nf.value.body["message"]
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "system", "content": "\\udfff"}, '
+                             '{"role": "user", "content": "hi"}]}', "messages[0].content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", '
+                             '"text": "\\ud800"}]}]}', "messages[0].content[0].text"),
+    ("/v1/chat/completions", '{"model": "\\ud800", "messages": [{"role": "user", '
+                             '"content": "hi"}]}', "model"),
+    ("/v1/completions", '{"prompt": "the \\ud800 end", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", '{"prompt": ["\\ud800"], "max_tokens": 2}', "prompt[0]"),
+    ("/v1/completions", '{"prompt": "the", "stop": ["x", "\\ud800"]}', "stop[1]"),
+    ("/v1/completions", '{"prompt": "the", "\\ud800": 1}', "\\ud800"),
+], ids=["content", "system", "content-part", "model", "prompt", "prompt-list", "stop", "name"])
+def test_a_lone_surrogate_is_400_naming_the_field(
+        server: BackgroundServer, server_log: pytest.LogCaptureFixture, path: str, body: str,
+        param: str) -> None:
+    """JSON may escape half a UTF-16 pair ("\\ud800"); it is not text, and the server says
+    where it is instead of failing with a 500 when it tokenizes or echoes it. The connection
+    serves the next request."""
+    good = json.dumps({"prompt": "the", "max_tokens": 2, "temperature": 0}).encode()
+    (status, answer), (next_status, _next) = _on_one_connection(
+        server, ("POST", path, body.encode()), ("POST", "/v1/completions", good))
+    assert status == 400, answer
+    error = json.loads(answer)["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert f"'{param}'" in error["message"] and "surrogate" in error["message"]
+    assert next_status == 200
+    assert not [r for r in server_log.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
 def test_context_limit(client: openai.OpenAI) -> None:
     long_prompt = "the " * 5000
     with pytest.raises(openai.BadRequestError) as info:

@@ -97,6 +97,7 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
     """Validate a decoded JSON body for /v1/chat/completions or /v1/completions."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    _check_text(body)
     allowed = _COMMON | (_CHAT_ONLY if kind == "chat" else _COMPLETION_ONLY)
     for key in body:
         if key not in allowed:
@@ -117,6 +118,57 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
                          include_usage=include_usage, draft=_draft_fields(body))
+
+
+def _check_text(body: dict[str, Any]) -> None:
+    """Every string, names included, must be text UTF-8 can hold. JSON's ``"\\ud800"`` decodes
+    to a lone surrogate, which fails only later (tokenizing it, or echoing it in an error body)
+    as a 500; so it is a 400 naming the field, before anything else reads the body. Walked with
+    a stack, not recursion (nesting is bounded only by the JSON decoder), and a field's path is
+    spelled out only for the one that is named."""
+    stack: list[tuple[Any, _Path]] = [(body, None)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            _check_string(value, path)
+        elif isinstance(value, dict):
+            fields = []
+            for key, item in value.items():
+                where = (path, key)
+                _check_string(key, where, name=True)
+                if isinstance(item, str | dict | list):
+                    fields.append((item, where))
+            stack.extend(reversed(fields))  # reversed: the first bad field is the one named
+        elif isinstance(value, list):
+            stack.extend((item, (path, i)) for i, item in reversed(list(enumerate(value)))
+                         if isinstance(item, str | dict | list))
+
+
+# A field's place in the body: (the parent's place, a key or an index); None is the body.
+_Path = tuple[Any, str | int] | None
+
+
+def _spell(path: _Path) -> str:
+    """``messages[0].content`` for ((((None, "messages"), 0), "content"))."""
+    parts: list[str | int] = []
+    while path is not None:
+        path, part = path
+        parts.append(part)
+    out = ""
+    for part in reversed(parts):
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_string(text: str, path: _Path, name: bool = False) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = _spell(path)
+        bad = ascii(text[exc.start])[1:-1]
+        what = f"the field name '{where}'" if name else f"'{where}'"
+        raise bad_param(where, f"{what} holds a lone UTF-16 surrogate ({bad}), which is not "
+                               "text: send valid Unicode") from None
 
 
 def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
