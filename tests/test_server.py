@@ -726,8 +726,9 @@ def test_serve_unresolvable_host_is_a_usage_error(no_loading: None,
 
 
 def test_serve_announces_the_port_it_listens_on(pair: tuple[Path, Path]) -> None:
-    """A real `localspec serve` process on every precision (F32, Q8_0, Q4_K_M): it announces
-    its port once it answers, serves a chat through the official client, and stops cleanly."""
+    """A real `localspec serve` process on every precision (F32, Q8_0, Q4_K_M): it names its
+    port (--port 0) as it starts loading, announces it again once it answers, serves a chat
+    through the official client, and stops cleanly."""
     target_gguf, draft_gguf = pair
     proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target",
                              str(target_gguf), "--draft", str(draft_gguf), "--ctx", "256",
@@ -742,6 +743,8 @@ def test_serve_announces_the_port_it_listens_on(pair: tuple[Path, Path]) -> None
         assert len(lines) == 2 and lines[0].startswith("localspec: loading"), lines
         found = re.search(r"at (http://127\.0\.0\.1:(\d+))/v1 ", lines[1])
         assert found and int(found[2]) != 0, lines
+        # The port is known, and said, before the models load (a script waits on /health).
+        assert f"(listening on {found[1]})" in lines[0], lines
         # Announced only once it answers.
         health = httpx.get(found[1] + "/health", timeout=5)
         assert health.json()["status"] == "ok"

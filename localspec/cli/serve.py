@@ -87,10 +87,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"localspec: serving '{model_id}' at {url}/v1 (Ctrl-C to stop)", file=sys.stderr,
               flush=True)
 
+    failure: list[str] = []
+    front = create_front_app(process, api_key=args.api_key or None, model_id=model_id,
+                             max_body_bytes=args.max_body_bytes, on_ready=ready,
+                             on_give_up=failure.append)
     try:
-        print(f"localspec: loading {spec.display_name} ...", file=sys.stderr, flush=True)
-        serve(create_front_app(process, api_key=args.api_key or None, model_id=model_id,
-                               max_body_bytes=args.max_body_bytes, on_ready=ready), sockets)
+        # The address first: with --port 0 a script learns the port while the models load
+        # (/health answers "loading" meanwhile).
+        print(f"localspec: loading {spec.display_name} (listening on {url}) ...",
+              file=sys.stderr, flush=True)
+        serve(front, sockets, on_shutdown=front.state.supervisor.begin_shutdown,
+              exit_when=lambda: bool(failure))
     finally:
         for sock in sockets:
             sock.close()
@@ -98,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
             from ..server.discovery import unregister
 
             unregister(path)
+    if failure:
+        # The first load failed: the file would fail every retry, so serve stops here.
+        raise LocalspecError(failure[0])
     return 0
 
 

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from ..engine.activity import Activity, Board
 from ..engine.llama_backend import ModelSettings
 from ..errors import EngineStoppedError, LocalspecError
 from ..loading import EngineSpec
+from .engine_dirs import SOCKET_NAME, make_engine_dir
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +103,10 @@ class EngineProcess:
         self.spec = spec
         self.options = options
         self.key = secrets.token_urlsafe(24)
-        # A short private folder: unix socket paths are limited to ~100 bytes.
-        self._dir = Path(tempfile.mkdtemp(prefix="localspec-engine-"))
-        os.chmod(self._dir, 0o700)
-        self.socket_path = str(self._dir / "engine.sock")
+        # A short private folder: unix socket paths are limited to ~100 bytes. Making it also
+        # removes the folders of engines whose owner was killed before it could (SIGKILL).
+        self._dir = make_engine_dir()
+        self.socket_path = str(self._dir / SOCKET_NAME)
         self._board_path = self._dir / "activity"
         self._board = Board.file(self._board_path)
         self._log_file = log_file

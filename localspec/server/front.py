@@ -4,7 +4,12 @@ Clients talk to this process; it checks their API key and relays each request, s
 engine process (which validates, queues and generates: see ``app.py``). When the engine process
 dies, the requests it was answering end with a 503 OpenAI error body naming the cause (or, in a
 stream, an error event), ``/health`` says ``restarting``, and a new engine process is started with
-no operator action. Requests arriving meanwhile get a 503 with Retry-After.
+no operator action. Requests arriving meanwhile get a 503 with Retry-After. A first load that
+fails is not retried (the file would fail again): the owner is told and stops serving.
+
+Shutting down (SIGTERM or Ctrl-C) answers every request in flight at once, rather than letting
+the server cut them after its graceful-shutdown wait: a stream ends with an error event and
+``[DONE]``, a request still waiting for its answer gets a 503.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 from starlette.applications import Starlette
@@ -29,7 +34,11 @@ from .openai_schema import error_body, sse
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 State = Literal["loading", "ok", "restarting", "failed"]
+_SHUTDOWN_MESSAGE = "the server is shutting down"
+# What a relay's queue carries besides the engine's bytes.
+_STOP, _END = object(), object()
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host",
                 "authorization"}
 
@@ -40,27 +49,42 @@ class Supervisor:
 
     process: EngineProcess
     on_ready: Callable[[int], None] | None = None  # called with the restart count
+    on_give_up: Callable[[str], None] | None = None  # called with why the first load failed
     state: State = "loading"
     restarts: int = 0
     last_end: ProcessEnd | None = None
     error: str = ""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    ever_ready: bool = False
+    gave_up: str = ""
+    shutting_down: bool = False
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    streams: set[asyncio.Queue[Any]] = field(default_factory=set)  # the relays in flight
 
     def cause(self) -> str:
         return self.last_end.describe() if self.last_end else "unknown cause"
 
     async def run(self, poll: float = 0.1) -> None:
-        """Start the engine, then restart it whenever it dies."""
+        """Start the engine, then restart it whenever it dies.
+
+        A first load that fails (llama.cpp refuses the file, or dies loading it) gives up: the
+        same file fails the same way every time, so ``on_give_up`` is told and nothing retries.
+        A restart after a crash of an engine that had loaded is retried: the files loaded once
+        (and a transient cause, such as memory taken meanwhile, can pass)."""
         while True:
             try:
                 await asyncio.to_thread(self.process.start)
             except LocalspecError as exc:
-                # A load that fails (a file deleted, out of memory) is reported, then retried.
                 self.state, self.error = "failed", exc.message
-                log.error("engine process failed to start: %s", exc.message)
+                if not self.ever_ready:
+                    self.gave_up = exc.message
+                    log.info("engine process failed its first load: %s", exc.message)
+                    if self.on_give_up is not None:
+                        self.on_give_up(exc.message)
+                    return
+                log.error("engine process failed to restart: %s; retrying in 5 s", exc.message)
                 await asyncio.sleep(5.0)
                 continue
-            self.state, self.error = "ok", ""
+            self.state, self.error, self.ever_ready = "ok", "", True
             log.info("engine process %s serving", self.process.pid)
             if self.on_ready is not None:
                 self.on_ready(self.restarts)
@@ -70,13 +94,26 @@ class Supervisor:
             self.restarts += 1
             log.warning("engine process stopped (%s); restarting", end.describe())
 
+    def begin_shutdown(self) -> None:
+        """The server stopped accepting connections: every relay in flight ends now, a stream
+        with an error event and ``[DONE]``, a request still waiting with a 503 (on the event
+        loop, before the server waits for its connections to close)."""
+        self.shutting_down = True
+        self.stopping.set()
+        for queue in self.streams:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(_STOP)  # a full queue is read soon, and the flag seen
+
 
 def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: str,
                      max_body_bytes: int,
-                     on_ready: Callable[[int], None] | None = None) -> Starlette:
+                     on_ready: Callable[[int], None] | None = None,
+                     on_give_up: Callable[[str], None] | None = None) -> Starlette:
     """The public app over ``process`` (started and supervised by the app's lifespan);
-    ``on_ready(restarts)`` runs each time an engine process starts serving."""
-    sup = Supervisor(process, on_ready)
+    ``on_ready(restarts)`` runs each time an engine process starts serving, ``on_give_up(why)``
+    once if the first load fails (nothing is retried then: the caller should stop serving).
+    ``app.state.supervisor.begin_shutdown`` ends the relays in flight (see ``running.serve``)."""
+    sup = Supervisor(process, on_ready, on_give_up)
     client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=process.socket_path),
                                base_url="http://engine", timeout=httpx.Timeout(None, connect=5.0),
                                headers={"Authorization": f"Bearer {process.key}"})
@@ -135,6 +172,8 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
                                                "'Authorization: Bearer KEY')",
                                                code="invalid_api_key"),
                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if sup.shutting_down:
+            return shutting_down()
         if sup.state != "ok":
             return unavailable()
         restarts_before = sup.restarts
@@ -153,29 +192,61 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
                                                 params=request.query_params, content=body,
                                                 headers=headers)
         try:
-            upstream = await client.send(upstream_request, stream=True)
+            # A non-streamed answer's status line comes once it is generated: shutting down
+            # does not wait for that.
+            upstream = await _unless_stopping(sup.stopping,
+                                              client.send(upstream_request, stream=True))
         except httpx.HTTPError:
+            if sup.shutting_down:
+                return shutting_down()
             message = await stopped_during(request.url.path, restarts_before)
             return JSONResponse(error_body(message, "server_error", code="engine_stopped"),
                                 status_code=503, headers={"Retry-After": "2"})
+        if upstream is None:
+            return shutting_down()
         streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-
-        async def forward() -> AsyncIterator[bytes]:
-            try:
-                async for piece in upstream.aiter_raw():
-                    yield piece
-            except httpx.HTTPError:
-                message = await stopped_during(request.url.path, restarts_before)
-                if streaming:  # the status line is gone: the error goes in the stream
-                    yield sse(error_body(message, "server_error", code="engine_stopped"))
-                    yield sse("[DONE]")
-            finally:
-                await upstream.aclose()  # a client that left: the engine stops generating
-
         out_headers = {k: v for k, v in upstream.headers.items()
                        if k.lower() not in _HOP_HEADERS}
-        return StreamingResponse(forward(), status_code=upstream.status_code,
-                                 headers=out_headers)
+        return StreamingResponse(forward(upstream, streaming, request.url.path, restarts_before),
+                                 status_code=upstream.status_code, headers=out_headers)
+
+    def shutting_down() -> Response:
+        return JSONResponse(error_body(_SHUTDOWN_MESSAGE, "server_error", code="shutting_down"),
+                            status_code=503, headers={"Retry-After": "5"})
+
+    async def forward(upstream: httpx.Response, streaming: bool, path: str,
+                      restarts_before: int) -> AsyncIterator[bytes]:
+        # A pump task reads the engine's answer into a queue, so that shutting down can end a
+        # stream between two events (``begin_shutdown`` puts _STOP in the queue). A non-streamed
+        # body is relayed whole: it was generated before its status line came.
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+        pump = asyncio.create_task(_pump(upstream, queue))
+        if streaming:
+            sup.streams.add(queue)
+        try:
+            while True:
+                piece = await queue.get()
+                if streaming and (piece is _STOP or sup.shutting_down):
+                    yield sse(error_body(f"the generation was cancelled ({_SHUTDOWN_MESSAGE})",
+                                         "server_error", code="shutting_down"))
+                    yield sse("[DONE]")
+                    return
+                if piece is _END:
+                    return
+                if isinstance(piece, httpx.HTTPError):
+                    message = _SHUTDOWN_MESSAGE if sup.shutting_down \
+                        else await stopped_during(path, restarts_before)
+                    if streaming:  # the status line is gone: the error goes in the stream
+                        yield sse(error_body(message, "server_error", code="engine_stopped"))
+                        yield sse("[DONE]")
+                    return
+                yield piece
+        finally:
+            sup.streams.discard(queue)
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            await upstream.aclose()  # a client that left: the engine stops generating
 
     routes = [Route("/health", health, methods=["GET"]),
               Route("/metrics", relay, methods=["GET"]),
@@ -183,6 +254,33 @@ def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: s
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.supervisor = sup
     return app
+
+
+async def _pump(upstream: httpx.Response, queue: asyncio.Queue[Any]) -> None:
+    """The engine's answer into ``queue``, piece by piece, then _END (or the HTTPError)."""
+    try:
+        async for piece in upstream.aiter_raw():
+            await queue.put(piece)
+    except httpx.HTTPError as exc:
+        await queue.put(exc)
+        return
+    await queue.put(_END)
+
+
+async def _unless_stopping(stopping: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None (``work`` cancelled) if ``stopping`` is set first."""
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()  # also when this coroutine is cancelled (its client left)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
 
 
 async def _read(request: Request, limit: int) -> bytes | None:

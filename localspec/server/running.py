@@ -9,10 +9,12 @@ serve.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -72,28 +74,66 @@ def base_url(host: str, port: int) -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling its owner when it accepts connections."""
+    """uvicorn's server, telling its owner when it accepts connections and when it stops
+    accepting them, and stopping by itself when its owner says so.
 
-    def __init__(self, config: uvicorn.Config,
-                 on_started: Callable[[], None] | None = None) -> None:
+    ``on_tick``, ``shutdown`` and ``servers`` are uvicorn's own, not documented API (checked
+    against uvicorn 0.54); they are used here only."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None = None,
+                 on_shutdown: Callable[[], None] | None = None,
+                 exit_when: Callable[[], bool] | None = None) -> None:
         super().__init__(config)
         self._on_started = on_started
+        self._on_shutdown = on_shutdown
+        self._exit_when = exit_when
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started and self._on_started is not None:
             self._on_started()
 
+    async def on_tick(self, counter: int) -> bool:
+        # uvicorn's main loop asks this every 0.1 s whether to stop.
+        stop = await super().on_tick(counter)
+        return stop or (self._exit_when is not None and self._exit_when())
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Before uvicorn waits (timeout_graceful_shutdown) for the requests in flight: the
+        # owner ends them now, each with an answer, instead of having them cut after the wait.
+        for server in self.servers:
+            server.close()  # stop accepting first (uvicorn does it again, harmlessly)
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+        await super().shutdown(sockets=sockets)
+
 
 def serve(app: Any, sockets: list[socket.socket], log_level: str = "warning",
-          on_started: Callable[[], None] | None = None) -> None:
-    """Serve on ``sockets`` (from ``listen_sockets``) until interrupted (Ctrl-C); uvicorn handles
-    the signals. ``on_started`` runs once the app has started and the server accepts requests.
-    The sockets are closed on return."""
+          on_started: Callable[[], None] | None = None,
+          on_shutdown: Callable[[], None] | None = None,
+          exit_when: Callable[[], bool] | None = None) -> None:
+    """Serve on ``sockets`` (from ``listen_sockets``) until interrupted; uvicorn handles the
+    signals. ``on_started`` runs once the app has started and the server accepts requests,
+    ``on_shutdown`` once it has stopped accepting them (on the event loop), and ``exit_when``
+    is polled to stop without a signal. Ctrl-C (SIGINT) ends in KeyboardInterrupt as usual;
+    SIGTERM, what systemd and docker stop a service with, is a normal return: the shutdown it
+    asks for has been done. The sockets are closed on return."""
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    server = _Server(config, on_started, on_shutdown, exit_when)
+    in_main = threading.current_thread() is threading.main_thread()
+
+    def terminated(signum: int, frame: FrameType | None) -> None:
+        # uvicorn re-raises the signal it stopped for once its own handlers are gone: this
+        # takes SIGTERM instead of the default action (killing the process, status -15). One
+        # that came before uvicorn installed its handlers asks for the same shutdown.
+        server.should_exit = True
+
+    previous = signal.signal(signal.SIGTERM, terminated) if in_main else None
     try:
-        _Server(config, on_started).run(sockets=sockets)
+        server.run(sockets=sockets)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         for sock in sockets:
             sock.close()
 
