@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
@@ -340,18 +340,25 @@ def check_repack(build: LlamaBuild, *, fresh: bool = False, cache: Path | None =
         if result.definitive:  # the rule decide_auto follows: retry what was not definitive
             repack.write_cached(cache, key, result)
     when = "cached" if cached else f"self-test: {result.seconds:.2f} s"
+    verdicts = {kind: result.verdict(kind) for kind in repack.WEIGHT_KINDS}
+    settings = "; ".join(f"{'on' if v.use_extra_bufts else 'off'} for {repack.KIND_LABELS[k]} "
+                         f"({v.reason})" for k, v in verdicts.items())
     details = {"repack_works": result.repack_works, "detail": result.detail,
                "seconds": round(result.seconds, 3), "cached": cached is not None,
-               "definitive": result.definitive, "cache": str(cache)}
+               "definitive": result.definitive, "cache": str(cache),
+               "extra_buffer_types": {k: {"on": v.use_extra_bufts, "why": v.reason}
+                                      for k, v in verdicts.items()},
+               "measurements": {k: asdict(t) for k, t in result.trials.items()}}
     if result.repack_works:
-        return Check("repack", "ok", f"llama.cpp's repacked CPU kernels work here ({when})",
-                     None, details)
+        return Check("repack", "ok", f"llama.cpp's extra buffer types (repacked CPU kernels): "
+                                     f"{settings} ({when})", None, details)
     if result.definitive:
-        # localspec loads quantized models with repacking off here: this does not block `run`.
+        # localspec loads with them off here: this does not block `run`.
         return Check("repack", "warn",
-                     f"repacked CPU kernels crash on this CPU: {result.detail} ({when})",
-                     "nothing needed: quantized models load with repacking off (`--repack on` "
-                     "forces it, at your own risk)", details)
+                     f"repacked CPU kernels crash on this CPU: {result.detail}; {settings} "
+                     f"({when})",
+                     "nothing needed: models load with repacking off where it crashes "
+                     "(`--repack on` forces it, at your own risk)", details)
     return Check("repack", "warn",
                  f"self-test inconclusive ({result.detail}); repacking stays off until it passes",
                  "run `localspec doctor --selftest` again; if it persists, report this output",

@@ -29,12 +29,17 @@ PRECISIONS = ("f32", "q8_0", "q4_k_m")
 
 
 @pytest.fixture(scope="session")
-def repack_verdict(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repack_verdict(tmp_path_factory: pytest.TempPathFactory,
+                   pytestconfig: pytest.Config) -> Path:
     """This machine's real repack self-test, run once per session (in a child process, as the
-    product runs it); every test's home gets the verdict so no test waits for or spawns one."""
+    product runs it); every test's home gets the verdict so no test waits for or spawns one.
+    Its tiny models are the same every time (seeded), so they are built once per checkout in
+    pytest's cache folder: building them is most of the self-test's first run."""
     home = tmp_path_factory.mktemp("repack-verdict")
     cache = home / "repack-selftest.json"
-    result = repack.run_selftest(repack.selftest_command(home / "models"))
+    models = (pytestconfig.cache.mkdir("repack-selftest-models") if pytestconfig.cache
+              else home / "models")
+    result = repack.run_selftest(repack.selftest_command(models))
     repack.write_cached(cache, repack.build_key(), result)
     return cache
 
