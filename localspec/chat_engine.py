@@ -19,6 +19,7 @@ from typing import Protocol, TypedDict
 from .engine.decoder import DraftSettings, Finished, GenerationRequest, SpeculativeEngine
 from .engine.sampling import SamplingParams
 from .engine.text import TextChunk
+from .errors import LocalspecError
 from .loading import EngineSpec
 from .options import DEFAULT_MAX_TOKENS
 
@@ -29,6 +30,25 @@ class ChatMessage(TypedDict):
 
 
 ChatEvent = TextChunk | Finished
+
+
+class EngineNotReadyError(LocalspecError):
+    """The request was not taken: the engine is loading, restarting or not there, so nothing was
+    generated and the same request can be sent again once it is back. ``retry_after`` is the
+    server's hint in seconds, when it gave one. Raised before the first event of a stream."""
+
+    title = "Engine not ready"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineUnreachableError(EngineNotReadyError):
+    """Nothing answers at the engine's address: its process or server is gone (``stopped()``
+    says so once that is known)."""
+
+    title = "Engine unreachable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +80,11 @@ class ChatEngine(Protocol):
     def info(self) -> EngineInfo: ...
 
     def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,
-                    cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
+                    cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Text chunks, then one Finished. Setting ``cancel`` ends it promptly with a Finished
+        whose reason is "cancelled". EngineNotReadyError (before any event): not taken, send
+        it again once the engine is back; EngineStoppedError: the engine died answering it."""
+        ...
 
     def stream_completion(self, prompt: str, options: ChatOptions,
                           cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
@@ -70,7 +94,8 @@ class ChatEngine(Protocol):
         ...
 
     def restart(self) -> None:
-        """Bring a stopped engine back (a new engine process on the same pair)."""
+        """Bring a stopped engine back (a new engine process on the same pair; for a server
+        that went away, an engine process of this app's own)."""
         ...
 
     def close(self) -> None: ...
@@ -124,19 +149,20 @@ class LocalChatEngine:
 
 def open_chat_engine(spec: EngineSpec, log_file: Path | None = None) -> ChatEngine:
     """The chat app's engine for ``spec``: the ``localspec serve`` on this machine that already
-    serves the same files (no second copy in memory), else a private engine process."""
+    serves the same files (no second copy in memory; if it goes away, a private engine process
+    takes over), else a private engine process."""
     from dataclasses import replace
 
     from .loading import resolve_files
-    from .remote import RemoteEngine
+    from .served_engine import ServedChatEngine
     from .server import discovery
     from .server.engine_process import ProcessChatEngine, ProcessOptions
 
     target, draft = resolve_files(spec)  # a bad file is one line here, not a dead process
+    resolved = replace(spec, target=str(target), draft=str(draft) if draft else None)
     served = discovery.find(target, draft)
     if served is not None:
-        return RemoteEngine(served.url, api_key=served.api_key, model=served.model_id,
-                            where=f"localspec serve at {served.url}")
-    resolved = replace(spec, target=str(target), draft=str(draft) if draft else None)
+        return ServedChatEngine(resolved, served.url, served.pid, api_key=served.api_key,
+                                model=served.model_id, log_file=log_file)
     return ProcessChatEngine(resolved, ProcessOptions(model_id=spec.display_name),
                              log_file=log_file)

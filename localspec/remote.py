@@ -6,28 +6,45 @@ A localspec server streams two extension fields beside OpenAI's: ``localspec.dra
 text chunk (the text the target accepted from a drafter, for the chat app's colouring) and
 ``localspec.stats`` on the last chunk (every statistic of the in-process ``Finished``). Other
 servers send neither; then the statistics come from ``usage`` and llama-server's ``timings``.
+
+A stream is read on a thread of its own, so that a set ``cancel`` ends it at once in any phase
+(waiting for the answer to start, the prompt being processed before the first line, between
+lines) and shuts the connection down, which is how the server learns to stop generating.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import queue
+import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from .chat_engine import ChatEvent, ChatMessage, ChatOptions, EngineInfo
+from .chat_engine import (
+    ChatEvent,
+    ChatMessage,
+    ChatOptions,
+    EngineInfo,
+    EngineNotReadyError,
+    EngineUnreachableError,
+)
 from .engine.decoder import DraftSettings, Finished
 from .engine.sampling import SamplingParams
 from .engine.stats import GenerationStats
 from .engine.text import TextChunk
-from .errors import LocalspecError
+from .errors import ContextOverflowError, LocalspecError
 
 log = logging.getLogger(__name__)
 FINISH_REASONS = ("stop", "length", "cancelled")
+# How often a stream's reader looks at ``cancel`` while it waits for the server: Esc must stop
+# an answer well within a tenth of a second, whatever the server is doing.
+CANCEL_POLL_SECONDS = 0.02
 
 
 class RemoteError(LocalspecError):
@@ -38,6 +55,33 @@ class RemoteError(LocalspecError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class RemoteNotReadyError(RemoteError, EngineNotReadyError):
+    """The server answered 503: its engine is loading or restarting; the request was not taken."""
+
+    title = "Engine not ready"
+
+    def __init__(self, message: str, status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message, status)
+        self.retry_after = retry_after
+
+
+class RemoteUnreachableError(RemoteError, EngineUnreachableError):
+    """Nothing accepts connections at the server's address."""
+
+    title = "Server unreachable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.retry_after = None
+
+
+class RemoteContextOverflowError(RemoteError, ContextOverflowError):
+    """The server refused the prompt as longer than its context (as the engine here would)."""
+
+    title = "Prompt too long"
 
 
 class RemoteEngine:
@@ -115,31 +159,41 @@ class RemoteEngine:
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             response = self._client.request(method, self.base_url + path, **kw)
+        except httpx.ConnectError as exc:
+            raise RemoteUnreachableError(f"cannot reach {self._where}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise RemoteError(f"cannot reach {self._where}: {exc}") from exc
         if response.status_code >= 400:
             raise _error(response)
         return response
 
-    def _stream(self, path: str, body: dict[str, Any], options: ChatOptions,
-                cancel: threading.Event | None) -> Iterator[ChatEvent]:
-        model = self.resolved_model()
-        body = {"model": model, **body, "max_tokens": options.max_tokens,
+    def _body(self, fields: dict[str, Any], options: ChatOptions) -> dict[str, Any]:
+        model = self.resolved_model()  # asks the server the first time
+        body = {"model": model, **fields, "max_tokens": options.max_tokens,
                 **sampling_fields(options.sampling), "stream": True,
                 "stream_options": {"include_usage": True}}
         if options.stop:
             body["stop"] = list(options.stop)
         if options.draft is not None and self._localspec:
             body.update(draft_fields(options.draft))
+        return body
+
+    def _stream(self, path: str, fields: dict[str, Any], options: ChatOptions,
+                cancel: threading.Event | None) -> Iterator[ChatEvent]:
         t0 = time.perf_counter()
+        reader = _StreamReader(self._client, self.base_url + path,
+                               lambda: self._body(fields, options))
+        complete = False
         try:
-            with self._client.stream("POST", self.base_url + path, json=body) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _error(response)
-                yield from _events(response, t0, cancel)
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"the connection to {self._where} broke off: {exc}") from exc
+            for event in _events(reader.lines(cancel, self._where), t0):
+                complete = isinstance(event, Finished)
+                yield event
+        finally:
+            # Broken off or abandoned: the connection goes, so the server stops generating. A
+            # stream read to its end leaves the connection to the pool (a cancelled one has
+            # been aborted already).
+            if not complete:
+                reader.abort()
 
 
 def sampling_fields(sp: SamplingParams) -> dict[str, Any]:
@@ -165,17 +219,111 @@ def draft_fields(draft: DraftSettings) -> dict[str, Any]:
 
 
 def _error(response: httpx.Response) -> RemoteError:
+    code: Any = None
     try:
         err = response.json().get("error")
         message = err.get("message") if isinstance(err, dict) else str(err)
+        code = err.get("code") if isinstance(err, dict) else None
     except (ValueError, AttributeError):
         message = response.text.strip()[:300]
-    return RemoteError(f"server answered {response.status_code}: {message}",
-                       status=response.status_code)
+    status = response.status_code
+    text = f"server answered {status}: {message}"
+    if status == 400 and code == "context_length_exceeded":
+        return RemoteContextOverflowError(text, status=status)
+    # A localspec serve's "engine_stopped" means its engine died answering this request: it was
+    # taken (and may be what killed it), so it is not one to send again by itself.
+    if status == 503 and code != "engine_stopped":
+        return RemoteNotReadyError(text, status=status,
+                                   retry_after=_seconds(response.headers.get("retry-after")))
+    return RemoteError(text, status=status)
 
 
-def _events(response: httpx.Response, t0: float,
-            cancel: threading.Event | None) -> Iterator[ChatEvent]:
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: not worth parsing for a hint
+
+
+class _StreamReader:
+    """One streamed POST, made and read on a thread of its own into a queue. The consumer waits
+    on the queue a little at a time, so a set ``cancel`` is seen within CANCEL_POLL_SECONDS
+    whether or not the server sends anything; ``abort()`` shuts the socket down, which wakes the
+    blocked read and tells the server that the client has gone (before the answer has begun,
+    the connection is closed as soon as it does)."""
+
+    def __init__(self, client: httpx.Client, url: str,
+                 body: Callable[[], dict[str, Any]]) -> None:
+        self._items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._aborted = False
+        self._socket: socket.socket | None = None
+        threading.Thread(target=self._read, args=(client, url, body), daemon=True,
+                         name="localspec-remote-stream").start()
+
+    def _read(self, client: httpx.Client, url: str, body: Callable[[], dict[str, Any]]) -> None:
+        try:
+            # The body too is made here: it may ask the server for its model list first.
+            with client.stream("POST", url, json=body()) as response:
+                if not self._hold(response):
+                    return
+                if response.status_code >= 400:
+                    response.read()
+                    self._items.put(("error", _error(response)))
+                    return
+                for line in response.iter_lines():
+                    if self._aborted:
+                        return
+                    self._items.put(("line", line))
+            self._items.put(("end", None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            self._items.put(("error", exc))
+
+    def _hold(self, response: httpx.Response) -> bool:
+        """Keep the response's socket for abort(); False if aborted already (then leaving
+        the ``with`` closes the connection)."""
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            self._socket = sock
+            return not self._aborted
+
+    def lines(self, cancel: threading.Event | None, where: str) -> Iterator[str | None]:
+        """The response's lines; None once ``cancel`` is set (then nothing more is read)."""
+        while True:
+            if cancel is not None and cancel.is_set():
+                self.abort()  # now, not when the generator is collected
+                yield None
+                return
+            try:
+                kind, value = self._items.get(
+                    timeout=CANCEL_POLL_SECONDS if cancel is not None else None)
+            except queue.Empty:
+                continue
+            if kind == "end":
+                return
+            if kind == "error":
+                raise _translated(value, where)
+            yield value
+
+    def abort(self) -> None:
+        with self._lock:
+            self._aborted = True
+            sock = self._socket
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed by the other side
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _translated(exc: BaseException, where: str) -> BaseException:
+    if isinstance(exc, httpx.ConnectError):
+        return RemoteUnreachableError(f"cannot reach {where}: {exc}")
+    if isinstance(exc, httpx.HTTPError):
+        return RemoteError(f"the connection to {where} broke off: {exc}")
+    return exc
+
+
+def _events(lines: Iterator[str | None], t0: float) -> Iterator[ChatEvent]:
     parts: list[str] = []
     reason = "stop"
     usage: dict[str, Any] = {}
@@ -183,10 +331,10 @@ def _events(response: httpx.Response, t0: float,
     stats: dict[str, Any] | None = None
     ttft = 0.0
     done = False
-    for line in response.iter_lines():
-        if cancel is not None and cancel.is_set():
+    for line in lines:
+        if line is None:  # cancelled: the reader has shut the connection, the server stops
             reason, done = "cancelled", True
-            break  # leaving the `with` closes the connection: the server cancels
+            break
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()

@@ -194,7 +194,7 @@ def test_the_chat_app_attaches_to_a_serve_of_the_same_pair(target_gguf: Path,
     """With `localspec serve` already serving these files, the chat app's engine (and `run
     --url`) use it instead of loading a second copy; another pair gets its own process."""
     from localspec.chat_engine import open_chat_engine
-    from localspec.remote import RemoteEngine
+    from localspec.served_engine import ServedChatEngine
 
     from .conftest import run_cli
 
@@ -208,7 +208,7 @@ def test_the_chat_app_attaches_to_a_serve_of_the_same_pair(target_gguf: Path,
                    if (m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1 ", line)))
         engine = open_chat_engine(_spec(target_gguf, draft_gguf))
         try:
-            assert isinstance(engine, RemoteEngine)
+            assert isinstance(engine, ServedChatEngine) and engine.attached
             assert engine.info.where == f"localspec serve at {url}"
             done = list(engine.stream_chat(HELLO, ChatOptions(max_tokens=8)))[-1]
             assert isinstance(done, Finished) and done.stats.completion_tokens == 8

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from ..chat_engine import EngineNotReadyError
 from ..engine.activity import Activity, Board
 from ..engine.llama_backend import ModelSettings
 from ..errors import EngineStoppedError, LocalspecError
@@ -246,6 +247,8 @@ class ProcessChatEngine:
     def _guarded(self, events: Any) -> Any:
         try:
             yield from events
+        except EngineNotReadyError:
+            raise  # not taken, nothing generated: the front end sends it again once back
         except LocalspecError as exc:
             end = self._wait_end()
             if end is not None:
