@@ -218,3 +218,16 @@ def test_on_a_terminal_the_flag_starts_an_empty_history(terminal: Callable[..., 
     store = ChatStore(db)
     assert store.list_chats() == []
     store.close()
+
+
+def test_on_a_terminal_a_paste_keeps_all_its_lines(terminal: Callable[..., Terminal]) -> None:
+    """A bracketed paste, as a terminal sends it, lands whole in the message box (a one-line
+    input kept only its first line, silently)."""
+    term = terminal("tui")
+    term.wait_for(lambda s: "no pair loaded" in s)
+    term.type(b"\x1b[200~first pasted line\nsecond pasted line\nthird pasted line\x1b[201~")
+    term.wait_for(lambda s: "third pasted line" in s)
+    assert "second pasted line" in term.text
+    term.type(CTRL_Q)
+    assert term.finish() == 0
+    assert "Traceback" not in term.text

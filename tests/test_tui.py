@@ -76,8 +76,9 @@ async def wait_for(pilot: Any, cond: Callable[[], bool], timeout: float = 30.0) 
 
 
 async def send(pilot: Any, app: LocalspecApp, text: str) -> None:
-    app.chat.query_one("#prompt", Input).value = text
-    app.chat.query_one("#prompt", Input).focus()
+    box = app.chat.prompt_box
+    box.load_text(text)
+    box.focus()
     await pilot.press("enter")
     await pilot.pause()
 
@@ -599,3 +600,196 @@ async def test_a_crash_of_the_engine_process_keeps_the_chat(
         roles = [m.role for m in app.chat._messages()]
         assert roles == ["user", "assistant", "user", "user", "assistant"]
         assert app.chat._messages()[-1].text
+
+
+# -- an engine that restarts, a server that goes away ---------------------------------------------
+@pytest.fixture(scope="session")
+def slow_pair(models_dir: Path) -> tuple[Path, Path]:
+    """A real pair that takes seconds to load in llama.cpp (as an F16 1.5B does here): a
+    300,000-word vocabulary, twice a Qwen model's, on an otherwise tiny model."""
+    from localspec.models.tiny import TinyModelSpec, shallow_copy, write_tiny_model
+
+    spec = TinyModelSpec(seed=13, n_embd=32, n_head=4, n_head_kv=2, n_ff=64, n_layer=2,
+                         layer_scale=0.2, words=tuple(f"w{i}" for i in range(300_000)),
+                         name="tiny-slow")
+    return (write_tiny_model(models_dir / "slow-target.gguf", spec),
+            write_tiny_model(models_dir / "slow-draft.gguf", shallow_copy(spec, 1)))
+
+
+def slow_spec(pair: tuple[Path, Path]) -> EngineSpec:
+    one = ModelSettings(n_threads=1, n_ctx=1024)
+    return EngineSpec(target=str(pair[0]), draft=str(pair[1]), pair_name="tiny-slow",
+                      target_settings=one, draft_settings=one)
+
+
+def notice_lines(app: LocalspecApp) -> list[str]:
+    return [str(w.render()) for w in app.chat.query(".notice").results(Static)]
+
+
+def answered(app: LocalspecApp, count: int) -> bool:
+    msgs = app.chat._messages()
+    return (not app.chat.generating and len(msgs) == count and msgs[-1].role == "assistant"
+            and bool(msgs[-1].text) and "tokens" in (msgs[-1].stats_line or ""))
+
+
+async def test_a_message_sent_while_the_engine_restarts_waits_and_is_answered(
+        make_app: Callable[..., LocalspecApp], slow_pair: tuple[Path, Path]) -> None:
+    """kill -SEGV of the chat app's engine process (a pair that takes seconds to load): a
+    message sent while it restarts shows that it waits, and is answered once the engine is
+    back; one sent before the app has noticed (the dead engine does not take it) too."""
+    import signal
+
+    from localspec.chat_engine import open_chat_engine
+    from localspec.tui.screens.chat import WAITING_LINE
+
+    app = make_app(Settings(max_tokens=8, threads=1), spec=slow_spec(slow_pair),
+                   factory=open_chat_engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None, timeout=120)
+        assert app.engine.info.where == "engine process"
+        first_pid = app.engine.pid
+        os.kill(first_pid, signal.SIGSEGV)  # idle: noticed by the app within a sample
+        await wait_for(pilot, lambda: app._restarting, timeout=30)
+        await send(pilot, app, "are you there?")
+        user, waiting = app.chat._messages()
+        assert user.text == "are you there?" and waiting.role == "assistant"
+        assert waiting.stats_line == WAITING_LINE  # the message waits, visibly
+        assert app.chat.query_one("#loading").display
+        assert app._restarting  # still loading: the message was sent during the restart
+        await wait_for(pilot, lambda: answered(app, 2), timeout=120)
+        assert app.engine.pid != first_pid
+        assert len(notice_lines(app)) == 1
+        assert [m.role for m in app.store.messages(app.chat.chat_id)] == ["user", "assistant"]
+
+        # Sent before the app has noticed: the app stops sampling (so it cannot notice between
+        # answers), the engine is killed and reaped, and the message finds nobody at the socket.
+        app.sample_interval = 3600
+        await pilot.pause(0.2)
+        second_pid = app.engine.pid
+        os.kill(second_pid, signal.SIGSEGV)
+        deadline = time.monotonic() + 30
+        while app.engine.end() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not app._restarting
+        await send(pilot, app, "and now?")
+        await wait_for(pilot, lambda: app._restarting, timeout=30)
+        assert app.chat._messages()[-1].stats_line.startswith(WAITING_LINE)
+        await wait_for(pilot, lambda: answered(app, 4), timeout=120)
+        assert app.engine.pid not in (first_pid, second_pid)
+        lines = notice_lines(app)
+        assert len(lines) == 2 and lines[1].startswith("engine stopped: signal 11 (SIGSEGV)")
+        assert [m.role for m in app.store.messages(app.chat.chat_id)] == \
+            ["user", "assistant", "user", "assistant"]
+
+
+async def test_a_served_pair_whose_server_goes_away_falls_back_to_an_own_engine(
+        make_app: Callable[..., LocalspecApp], slow_pair: tuple[Path, Path]) -> None:
+    """The chat app attached to a `localspec serve` of its pair; the server is killed: the app
+    says so once, loads the pair in an engine process of its own, and answers the message sent
+    meanwhile and the ones after."""
+    import re
+    import subprocess
+    import sys
+
+    from localspec.chat_engine import open_chat_engine
+
+    target, draft = slow_pair
+    serve = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target",
+                              str(target), "--draft", str(draft), "--ctx", "1024", "--port", "0",
+                              "--threads", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert serve.stderr is not None
+        url = next(m[1] for line in serve.stderr
+                   if (m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1 ", line)))
+        app = make_app(Settings(max_tokens=8, threads=1), spec=slow_spec(slow_pair),
+                       factory=open_chat_engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.engine is not None, timeout=120)
+            assert app.engine.info.where == f"localspec serve at {url}"
+            await send(pilot, app, "hello server")
+            await wait_for(pilot, lambda: answered(app, 2), timeout=120)
+            serve.kill()  # gone without a word (its engine process follows it)
+            await send(pilot, app, "still there?")
+            await wait_for(pilot, lambda: answered(app, 4), timeout=120)
+            assert app.engine.info.where == "engine process"
+            [line] = notice_lines(app)
+            assert line.startswith(f"the localspec serve at {url} is gone (falling back to an "
+                                   "engine process of this app's own for tiny-slow)")
+            await send(pilot, app, "and again")
+            await wait_for(pilot, lambda: answered(app, 6), timeout=120)
+            assert len(notice_lines(app)) == 1  # said once
+    finally:
+        serve.kill()
+        serve.wait()
+
+
+# -- what the user typed is never dropped -------------------------------------------------------
+class FakeFullDiskStore(ChatStore):
+    """A fake: the real store whose writes fail as SQLite's do on a full disk (a full disk
+    cannot be made safely here)."""
+
+    full = True
+
+    def add_message(self, *args: Any, **kwargs: Any) -> Any:
+        if self.full:
+            import sqlite3
+
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().add_message(*args, **kwargs)
+
+
+async def test_a_full_disk_keeps_the_message_in_the_box(make_app: Callable[..., LocalspecApp],
+                                                        tmp_path: Path) -> None:
+    store = FakeFullDiskStore(tmp_path / "full.sqlite3")
+    app = make_app(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        await send(pilot, app, "words worth keeping")
+        assert app.is_running and not app.chat.generating
+        assert app.chat.prompt_box.text == "words worth keeping"
+        assert app.chat._messages() == []
+        assert notice_lines(app) == ["Not sent: the chat history cannot be written: database "
+                                     "or disk is full (your message is still in the box)"]
+        store.full = False  # room again: Enter sends what is in the box
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: answered(app, 2))
+        assert app.chat.prompt_box.text == ""
+        assert [m.content for m in store.messages(app.chat.chat_id)][0] == "words worth keeping"
+        store.full = True  # the answer cannot be saved: it stays on screen, said in one line
+        await send(pilot, app, "once more")
+        await wait_for(pilot, lambda: len(notice_lines(app)) == 2)
+        assert app.is_running and app.chat.prompt_box.text == "once more"
+
+
+async def test_a_multi_line_paste_is_kept_whole(make_app: Callable[..., LocalspecApp]) -> None:
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        box = app.chat.prompt_box
+        box.focus()
+        lines = [f"line {i}: " + " ".join(["the code"] * 8) for i in range(1500)]  # ~115 KB
+        pasted = "\n".join(lines)
+        app.post_message(events.Paste(pasted))  # as the terminal driver sends a paste
+        await wait_for(pilot, lambda: bool(box.text))
+        assert box.text == pasted and len(pasted) > 100_000
+        # Far longer than the tiny model's context: refused in one message, and the text goes
+        # back into the box instead of staying in the conversation (and every later prompt).
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert app.screen.error_title == "Prompt too long"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: box.text == pasted)
+        assert app.chat._messages() == []
+        assert all(not app.store.messages(c.id) for c in app.store.list_chats())
+        # A paste that fits, with a line typed after it (Ctrl+J starts a new line).
+        box.clear()
+        app.post_message(events.Paste("first line\nsecond line"))
+        await wait_for(pilot, lambda: bool(box.text))
+        await pilot.press("ctrl+j", "t", "h", "e")
+        assert box.text == "first line\nsecond line\nthe"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: answered(app, 2))
+        assert app.chat._messages()[0].text == "first line\nsecond line\nthe"

@@ -30,6 +30,7 @@ from .messages import (
     ChatDeleted,
     ChatHistoryMovedAside,
     ChatHistoryMoveFailed,
+    EngineNotReady,
     EngineRestarted,
     EngineStopped,
     ModelLoaded,
@@ -204,12 +205,27 @@ class LocalspecApp(App[int]):
                 self.post_message(EngineStopped(reason))
 
     # -- an engine process that died -----------------------------------------------------------
+    # A message sent meanwhile waits for the engine (ChatScreen.engine_ready) and is answered
+    # once it is back; one that the dead engine did not take is sent again.
     def on_engine_stopped(self, message: EngineStopped) -> None:
         """One line in the chat, the conversation kept, a new engine process started."""
+        self._begin_restart(message.reason)
+
+    def on_engine_not_ready(self, message: EngineNotReady) -> None:
+        # The request waits either way; only an engine that has stopped needs restarting (a
+        # server's own engine coming back, or one still loading, needs nothing from here).
+        if self._restarting or self.engine is None:
+            return
+        reason = self.engine.stopped()
+        if reason is not None:
+            self._begin_restart(reason)
+
+    def _begin_restart(self, reason: str) -> None:
         if self._restarting or self.engine is None:
             return
         self._restarting = True
-        self.chat.add_notice(f"{message.reason}; restarting")
+        self.chat.engine_ready.clear()
+        self.chat.add_notice(f"{reason}; restarting")
         self.chat.show_loading("restarting the engine…")
         self._restart(self.engine)
 
@@ -227,10 +243,20 @@ class LocalspecApp(App[int]):
         self.chat.show_loading(None)
         if self.spec is not None:
             self.chat.pair_label = _pair_label(self.spec)
+        waiting = self.chat.generating
         if message.error is not None:
+            # A waiting message gives up first (it stays in the conversation): sent again to
+            # a dead engine it would start the next restart, and the next error, by itself.
+            self.chat.action_stop()
+            self.chat.engine_ready.set()
             self.show_error(message.error)
+            return
+        self.chat.engine_ready.set()
+        if waiting:
+            self.notify("Engine restarted: answering your message.")
         else:
-            self.notify("Engine restarted: ask again.")
+            self.notify("Engine restarted: Ctrl+R asks again." if self.chat.unanswered()
+                        else "Engine restarted.")
 
     def free_memory(self) -> tuple[int | None, str]:
         """Memory free for models by the latest sample (VRAM, else RAM), and which it is."""
@@ -257,6 +283,12 @@ class LocalspecApp(App[int]):
         try:
             engine = self.engine_factory(spec)
         except Exception as exc:  # shown in the app, never as a traceback
+            self.post_message(ModelLoadFailed(spec, exc))
+            return
+        try:
+            _ = engine.info  # a server is asked here, not by the chat screen's event loop
+        except Exception as exc:
+            _close(engine)
             self.post_message(ModelLoadFailed(spec, exc))
             return
         self.post_message(ModelLoaded(engine, spec, time.perf_counter() - t0))

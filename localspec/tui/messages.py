@@ -50,6 +50,24 @@ class GenerationFailed(Message):
 
 
 @dataclass
+class GenerationWithdrawn(Message):
+    """A message waiting for the engine was given up (Esc, or the engine did not come back)
+    before anything was generated; it stays in the conversation, unanswered."""
+
+    generation: int
+    why: str
+
+
+@dataclass
+class EngineNotReady(Message):
+    """A request was not taken (the engine is loading, restarting or gone): the generation
+    waits and sends it again; the app restarts the engine if it has stopped."""
+
+    generation: int
+    reason: str
+
+
+@dataclass
 class EngineStopped(Message):
     """The engine process died (``reason`` says how); the app restarts it."""
 

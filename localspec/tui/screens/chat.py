@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -11,32 +15,53 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.widgets import Footer, Header, ProgressBar, Static
 from textual.worker import get_current_worker
 
-from ...chat_engine import ChatEngine, ChatOptions
+from ...chat_engine import (
+    ChatEngine,
+    ChatEvent,
+    ChatOptions,
+    EngineNotReadyError,
+    EngineUnreachableError,
+)
 from ...chat_engine import ChatMessage as Turn
-from ...chat_store import ChatStore
+from ...chat_store import ChatStore, StoredMessage
 from ...config import draft_settings, sampling_params
 from ...engine import GenerationStats, TextChunk
-from ...errors import EngineStoppedError
+from ...errors import ContextOverflowError, EngineStoppedError
 from ...monitor import MachineSample
 from ...options import Settings
 from ..messages import (
+    EngineNotReady,
     EngineStopped,
     GenerationFailed,
     GenerationFinished,
+    GenerationWithdrawn,
     TokensArrived,
     WorkFailed,
 )
 from ..widgets.chat_message import ChatMessage
 from ..widgets.machine_gauge import MachineGauge
+from ..widgets.prompt import PromptBox
 from ..widgets.rate_gauge import RateGauge, RateReading
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Streamed text is posted every BATCH_TOKENS chunks or BATCH_SECONDS, whichever comes first:
 # one message per token would flood the event loop at a few hundred tokens/s.
 BATCH_TOKENS = 8
 BATCH_SECONDS = 0.03
+# A request the engine did not take is sent again after the server's Retry-After, within these
+# bounds: soon enough to answer as the engine is back, not so often as to busy a loading server.
+RETRY_MIN_SECONDS = 0.25
+RETRY_MAX_SECONDS = 2.0
+# How long a message waits on an address where nothing listens with no restart under way: a
+# crashed engine process can take seconds to be reaped (then the app restarts it); a server
+# given with --url that is simply not there is reported after this.
+UNREACHABLE_GIVE_UP_SECONDS = 10.0
+WAITING_LINE = "engine restarting… the answer follows once it is back (Esc gives up)"
 
 
 def stats_line(stats: GenerationStats, reason: str, k: int | None) -> str:
@@ -88,6 +113,10 @@ class ChatScreen(Screen[None]):
         self._k: int | None = None
         self.idle = threading.Event()  # set while no generation worker is using the engine
         self.idle.set()
+        # Cleared by the app while the engine restarts: a message sent meanwhile waits for it.
+        self.engine_ready = threading.Event()
+        self.engine_ready.set()
+        self._asked: ChatMessage | None = None  # the user message being answered
 
     def _history(self) -> ChatStore:
         assert self.store is not None, "the app opens the chat history before any chat"
@@ -98,7 +127,8 @@ class ChatScreen(Screen[None]):
         with Horizontal(id="main"):
             with Vertical(id="chat-column"):
                 yield VerticalScroll(id="conversation")
-                yield Input(placeholder="Message (Enter to send)", id="prompt")
+                yield PromptBox(placeholder="Message (Enter sends · Shift+Enter or Ctrl+J: "
+                                            "new line)", id="prompt")
             with Vertical(id="sidebar"):
                 yield Static("Pair", classes="panel-title")
                 yield Static(self.pair_label, id="pair-label")
@@ -113,7 +143,11 @@ class ChatScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#prompt", Input).focus()
+        self.prompt_box.focus()
+
+    @property
+    def prompt_box(self) -> PromptBox:
+        return self.query_one("#prompt", PromptBox)
 
     # -- attributes set by the app ------------------------------------------------------------
     def watch_pair_label(self, label: str) -> None:
@@ -147,6 +181,11 @@ class ChatScreen(Screen[None]):
     def _messages(self) -> list[ChatMessage]:
         return list(self.query(ChatMessage))
 
+    def unanswered(self) -> bool:
+        """Whether the conversation ends with a message that has no answer."""
+        msgs = self._messages()
+        return bool(msgs) and msgs[-1].role == "user" and not self.generating
+
     async def open_chat(self, chat_id: int | None) -> None:
         """Show a stored chat (None: a new, empty one)."""
         if self.generating:  # stop it; its late messages no longer match self.generation
@@ -168,9 +207,9 @@ class ChatScreen(Screen[None]):
         await conv.mount_all(widgets)
         conv.scroll_end(animate=False)
 
-    @on(Input.Submitted, "#prompt")
-    async def send(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
+    @on(PromptBox.Submitted, "#prompt")
+    async def send(self, event: PromptBox.Submitted) -> None:
+        text = event.text.strip()
         if not text:
             return
         if self.engine is None:
@@ -179,17 +218,40 @@ class ChatScreen(Screen[None]):
         if self.generating:
             self.notify("Still answering — Esc stops it.", severity="warning")
             return
-        event.input.value = ""
-        store = self._history()
-        if self.chat_id is None:
-            chat = store.create_chat(text[:48], self.pair_name,
-                                     self.settings.system_prompt)
-            self.chat_id = chat.id
-        stored = store.add_message(self.chat_id, "user", text)
+        # Stored first, and the box emptied only once it is: a write that fails (a full disk)
+        # leaves the message where the user typed it.
+        stored = self._store_or_say("Not sent", lambda store: self._store_user_message(store, text))
+        if stored is None:
+            return
+        event.prompt_box.clear()
         msg = ChatMessage("user", text)
         msg.message_id = stored.id  # type: ignore[attr-defined]
         await self.query_one("#conversation").mount(msg)
         await self._start_generation()
+
+    def _store_user_message(self, store: ChatStore, text: str) -> StoredMessage:
+        if self.chat_id is None:
+            chat = store.create_chat(text[:48], self.pair_name, self.settings.system_prompt)
+            self.chat_id = chat.id
+        return store.add_message(self.chat_id, "user", text)
+
+    def _store_or_say(self, what: str, write: Callable[[ChatStore], T]) -> T | None:
+        """``write(store)``, or None and one line in the conversation when the chat history
+        cannot be written (SQLite's reason: "database or disk is full", "readonly database")."""
+        try:
+            return write(self._history())
+        except sqlite3.Error as exc:
+            log.error("chat history write failed: %s", exc)
+            kept = " (your message is still in the box)" if what == "Not sent" else ""
+            self.add_notice(f"{what}: the chat history cannot be written: {exc}{kept}")
+            return None
+
+    def _delete_stored(self, what: str, message_id: int) -> bool:
+        def delete(store: ChatStore) -> bool:
+            store.delete_message(message_id)
+            return True
+
+        return self._store_or_say(what, delete) is not None
 
     async def _start_generation(self) -> None:
         settings = self.settings
@@ -197,9 +259,13 @@ class ChatScreen(Screen[None]):
         if settings.system_prompt:
             history.append({"role": "system", "content": settings.system_prompt})
         history += [{"role": m.role, "content": m.text} for m in self._messages()]
+        asked = self._messages()
+        self._asked = asked[-1] if asked and asked[-1].role == "user" else None
         answer = ChatMessage("assistant", show_drafted=self.show_drafted)
         conv = self.query_one("#conversation", VerticalScroll)
         await conv.mount(answer)
+        if not self.engine_ready.is_set():
+            answer.set_stats(WAITING_LINE)
         conv.scroll_end(animate=False)
         self._streaming = answer
         self.generation += 1
@@ -223,9 +289,15 @@ class ChatScreen(Screen[None]):
         """Render the chat, stream the answer, post it in batches. Runs in a thread."""
         worker = get_current_worker()
         try:
+            events = self._when_taken(engine, history, options, generation,
+                                      worker.cancelled_event)
+            if events is None:
+                self.post_message(GenerationWithdrawn(generation, "given up before the engine "
+                                                                  "was back"))
+                return
             batch: list[TextChunk] = []
             last = time.monotonic()
-            for event in engine.stream_chat(history, options, worker.cancelled_event):
+            for event in events:
                 if not isinstance(event, TextChunk):  # Finished (or a remote engine's kind)
                     if batch:
                         self.post_message(TokensArrived(generation, tuple(batch)))
@@ -242,6 +314,38 @@ class ChatScreen(Screen[None]):
             if generation == self.generation:  # a newer generation may already hold the engine
                 self.idle.set()
 
+    def _when_taken(self, engine: ChatEngine, history: list[Turn], options: ChatOptions,
+                    generation: int, cancel: threading.Event) -> Iterator[ChatEvent] | None:
+        """The answer's events once the engine has taken the request: while it restarts (or
+        its server's engine does), the request waits and is sent again. None if cancelled
+        first. Runs in the generation's thread."""
+        unreachable_since: float | None = None
+        while True:
+            if not self.engine_ready.is_set():
+                unreachable_since = None  # a restart is under way: it decides
+                while not self.engine_ready.wait(0.05):
+                    if cancel.is_set():
+                        return None
+            if cancel.is_set():
+                return None
+            events = iter(engine.stream_chat(history, options, cancel))
+            try:
+                first = next(events)
+            except StopIteration:
+                return iter(())
+            except EngineNotReadyError as exc:
+                now = time.monotonic()
+                if isinstance(exc, EngineUnreachableError):
+                    unreachable_since = unreachable_since or now
+                    if now - unreachable_since > UNREACHABLE_GIVE_UP_SECONDS:
+                        raise
+                self.post_message(EngineNotReady(generation, exc.message))
+                delay = min(max(exc.retry_after or 0.0, RETRY_MIN_SECONDS), RETRY_MAX_SECONDS)
+                if cancel.wait(delay):
+                    return None
+                continue
+            return _chain(first, events)
+
     def _live_rate(self) -> float | None:
         if not self._stream_started:
             return None
@@ -253,6 +357,7 @@ class ChatScreen(Screen[None]):
             return
         if not self._stream_started:
             self._stream_started = time.monotonic()
+            self._streaming.set_stats(None)  # no longer waiting for the engine, if it was
         self._stream_tokens += len(message.chunks)
         self._stream_drafted += sum(c.drafted for c in message.chunks)
         await self._streaming.append(message.chunks)
@@ -277,37 +382,74 @@ class ChatScreen(Screen[None]):
         line = stats_line(st, fin.finish_reason, self._k)
         answer.set_stats(line)
         if self.chat_id is not None:
+            chat_id = self.chat_id
             stats = {**st.to_json(), "line": line, "finish_reason": fin.finish_reason}
-            stored = self._history().add_message(self.chat_id, "assistant", answer.text,
-                                                  answer.spans, stats)
-            answer.message_id = stored.id  # type: ignore[attr-defined]
+            stored = self._store_or_say("The answer is shown but not saved", lambda store:
+                                        store.add_message(chat_id, "assistant", answer.text,
+                                                          answer.spans, stats))
+            if stored is not None:
+                answer.message_id = stored.id  # type: ignore[attr-defined]
         timed = st.draft_seconds + st.verify_seconds
         plain = self._last_reading.plain_tokens_per_second
         if st.drafted == 0 and st.lookup_rounds == 0 and self.settings.draft_mode == "none":
             # An answer without drafting is a measurement of plain decoding on this pair.
             plain = st.decode_tokens_per_second or st.tokens_per_second
             if self.pair_name:
-                self._history().record_rate(self.pair_name, "plain", plain)
+                try:
+                    self._history().record_rate(self.pair_name, "plain", plain)
+                except sqlite3.Error as exc:  # a measurement, not the user's words: log it
+                    log.warning("cannot record the plain rate: %s", exc)
         self._set_reading(RateReading(
             tokens_per_second=st.decode_tokens_per_second or st.tokens_per_second,
             acceptance=st.acceptance_rate if st.drafted else None,
             draft_share=st.draft_seconds / timed if timed > 0 else None,
             plain_tokens_per_second=plain, generating=False))
 
-    async def on_generation_failed(self, message: GenerationFailed) -> None:
+    def on_engine_not_ready(self, message: EngineNotReady) -> None:
+        # The worker waits and sends again; the message goes on up to the app, which restarts
+        # the engine if it has stopped.
+        if message.generation == self.generation and self._streaming is not None:
+            self._streaming.set_stats(f"{WAITING_LINE}\n{message.reason}")
+
+    async def on_generation_withdrawn(self, message: GenerationWithdrawn) -> None:
         if message.generation != self.generation:
             return
+        await self._end_unanswered()
+        self.add_notice(f"Not answered: {message.why} (Ctrl+R asks again)")
+
+    async def _end_unanswered(self) -> None:
         self.generating = False
         if self._streaming is not None:
             await self._streaming.remove()
             self._streaming = None
         self._set_reading(RateReading(
             plain_tokens_per_second=self._last_reading.plain_tokens_per_second))
+
+    async def on_generation_failed(self, message: GenerationFailed) -> None:
+        if message.generation != self.generation:
+            return
+        await self._end_unanswered()
+        if isinstance(message.error, ContextOverflowError):
+            await self._take_back()
         if isinstance(message.error, EngineStoppedError):
             # The conversation stays; the app says what happened in one line and restarts.
             self.post_message(EngineStopped(message.error.message))
             return
         self.post_message(WorkFailed(message.error))
+
+    async def _take_back(self) -> None:
+        """A message the engine can never answer (longer than its context) goes back into the
+        box, where it can be shortened, instead of staying in every later prompt."""
+        asked, self._asked = self._asked, None
+        box = self.prompt_box
+        if asked is None or not asked.is_attached or box.text.strip():
+            return  # a regenerate, or the user has typed something new meanwhile
+        mid = getattr(asked, "message_id", None)
+        if mid is not None and not self._delete_stored("Kept in the conversation", mid):
+            return
+        await asked.remove()
+        box.load_text(asked.text)
+        box.move_cursor(box.document.end)
 
     def add_notice(self, text: str) -> None:
         """One line in the conversation that is not part of it (not stored, not sent)."""
@@ -330,14 +472,14 @@ class ChatScreen(Screen[None]):
         last = msgs[-1]
         if last.role == "assistant":
             mid = getattr(last, "message_id", None)
-            if mid is not None:
-                self._history().delete_message(mid)
+            if mid is not None and not self._delete_stored("Not regenerated", mid):
+                return
             await last.remove()
         await self._start_generation()
 
     async def action_new_chat(self) -> None:
         await self.open_chat(None)
-        self.query_one("#prompt", Input).focus()
+        self.prompt_box.focus()
 
     def action_copy_answer(self) -> None:
         answers = [m for m in self._messages() if m.role == "assistant"]
@@ -353,3 +495,8 @@ class ChatScreen(Screen[None]):
             await m.set_show_drafted(self.show_drafted)
         self.notify("Drafted text highlighted (green: accepted from the draft)"
                     if self.show_drafted else "Markdown view")
+
+
+def _chain(first: ChatEvent, rest: Iterator[ChatEvent]) -> Iterator[ChatEvent]:
+    yield first
+    yield from rest

@@ -17,6 +17,7 @@ keeps those it would have produced itself. The answer is the target's; it just a
 | Key | Action |
 |---|---|
 | Enter | send the message |
+| Shift+Enter, Ctrl+J | new line in the message (a paste keeps all its lines) |
 | Esc | stop the answer being generated |
 | Ctrl+R | regenerate the last answer |
 | Ctrl+N | new chat |
