@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .engine.drafters import DraftMode, draft_modes
 from .errors import LocalspecError
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
     from .engine.sampling import SamplingParams
 
 Kind = Literal["int", "float", "bool", "str", "choice", "k"]
-DraftMode = Literal["model", "lookup", "none"]
-DRAFT_MODES: tuple[DraftMode, ...] = ("model", "lookup", "none")
+# The registered drafters' names and "none" (DraftSettings checks against the registry as it
+# is then, so a drafter registered later is a mode there too).
+DRAFT_MODES: tuple[DraftMode, ...] = draft_modes()
 ACCEPT_RULES = ("auto", "coupled", "rejection", "match")
 REPACK_MODES = ("auto", "on", "off")
 

@@ -118,15 +118,15 @@ def _auto_run(text: tuple[tuple[float, float], ...], costs: CostModel,
               seed: int) -> Outcome:
     """As the engine drives the controller (``SpeculativeEngine._propose``), peeks included,
     in requests of REQUEST tokens that carry what they learn to the next."""
-    model_acc, ties, peeks = AcceptanceModel(), NearTieRate(), PeekSchedule()
+    acceptance, ties, peeks = {"model": AcceptanceModel()}, NearTieRate(), PeekSchedule()
     out = Outcome()
     behind = 0  # tokens the draft skipped while the target decoded alone
-    ctl = DraftController(costs, K_MAX, model_acc=model_acc, ties=ties, peeks=peeks)
+    ctl = DraftController(costs, K_MAX, acceptance=acceptance, ties=ties, peeks=peeks)
     request_end = REQUEST
     for drafts in _drafts(text, seed):
         if out.tokens >= request_end:
             ctl.end_request()
-            ctl = DraftController(costs, K_MAX, model_acc=model_acc, ties=ties, peeks=peeks)
+            ctl = DraftController(costs, K_MAX, acceptance=acceptance, ties=ties, peeks=peeks)
             request_end = out.tokens + REQUEST
         remaining = request_end - out.tokens
         if not ctl.model_worth_trying(K_MAX):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localspec.benchmarking import first_difference
-from localspec.engine import ModelSettings, SamplingParams, SpeculativeEngine
+from localspec.engine import ModelSettings, SamplingParams, SpeculativeEngine, drafters
 from localspec.engine.calibration import Calibration
 from localspec.engine.llama_backend import open_llama
 
@@ -95,9 +95,12 @@ def test_identical_with_a_poorly_matched_draft(random_engine: SpeculativeEngine,
 
 
 @pytest.mark.parametrize("k", [None, 3])
-def test_identical_with_prompt_lookup(engine: SpeculativeEngine, k: int | None) -> None:
+@pytest.mark.parametrize("mode", drafters.names())
+def test_identical_with_every_drafter(engine: SpeculativeEngine, mode: str,
+                                      k: int | None) -> None:
+    """Each registered drafter as the draft mode (prompt lookup, the draft model, ...)."""
     for prompt in PROMPTS:
-        assert run(engine, prompt, mode="lookup", k=k, cold=True).tokens == run(
+        assert run(engine, prompt, mode=mode, k=k, cold=True).tokens == run(
             engine, prompt, mode="none", cold=True).tokens
 
 
@@ -214,8 +217,8 @@ def test_runs_apart_do_not_teach_auto(f32_engine: SpeculativeEngine) -> None:
     """bench's fixed-K sweep runs apart: auto must be measured on what its own runs taught it,
     never on what a fixed K=8 saw at depths auto had not reached."""
     def learned() -> list[object]:
-        return [(m.prior_rates, m.hits, t.prior, p.interval, p.streak)
-                for m, _, t, p in f32_engine._acceptance.values()]
+        return [(lr.acceptance["model"].prior_rates, lr.acceptance["model"].hits, lr.ties.prior,
+                 lr.peeks.interval, lr.peeks.streak) for lr in f32_engine._learned.values()]
 
     before = copy.deepcopy(learned())
     with f32_engine.separate_learning():

@@ -12,7 +12,7 @@ from localspec.engine.controller import (
     NearTieRate,
     PeekSchedule,
 )
-from localspec.engine.drafters import PromptLookupDrafter, Proposal
+from localspec.engine.drafters import DraftContext, PromptLookupDrafter, Proposal
 from localspec.engine.sampling import Candidates, SamplingParams, distribution, residual
 from localspec.engine.text import TextAssembler
 from tests.test_auto_policy import CPU_F16, cost_model
@@ -112,11 +112,11 @@ def test_candidates_match_a_dense_reference() -> None:
 def test_lookup_proposes_the_continuation_of_the_latest_match() -> None:
     d = PromptLookupDrafter(ngram_max=3, ngram_min=2)
     seq = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
-    prop = d.propose(seq, 4)
+    prop = d.propose(DraftContext(seq), 4)
     assert prop.tokens == [4, 5, 9, 9]
-    assert d.propose([7, 8], 4).tokens == []
+    assert d.propose(DraftContext([7, 8]), 4).tokens == []
     # Incremental use on a longer sequence agrees with a fresh drafter.
-    longer = seq + [4, 5, 6, 1, 2]
+    longer = DraftContext(seq + [4, 5, 6, 1, 2])
     assert d.propose(longer, 3).tokens == PromptLookupDrafter(3, 2).propose(longer, 3).tokens
 
 
@@ -208,7 +208,7 @@ def test_peek_backoff_is_carried_to_the_next_request() -> None:
     shared = PeekSchedule()
 
     def request_peeks(n_plain: int) -> int:
-        ctl = DraftController(costs, 8, model_acc=AcceptanceModel(prior_rate=0.05),
+        ctl = DraftController(costs, 8, acceptance={"model": AcceptanceModel(prior_rate=0.05)},
                               peeks=shared)
         peeks = 0
         for _ in range(n_plain):
@@ -252,11 +252,11 @@ def test_peek_repays_the_drafts_catching_up() -> None:
 def test_acceptance_carries_over_between_requests() -> None:
     shared = AcceptanceModel()
     first = DraftController(CostModel.from_calibration(0.09, 0.15, 9, 8, 0.02), 8,
-                            model_acc=shared)
+                            acceptance={"model": shared})
     for _ in range(20):
         first.observe(Proposal("model", tokens=[1, 2], confidences=[0.9, 0.9]), 2, 0)
     first.end_request()
-    second = DraftController(first.costs, 8, model_acc=shared)
+    second = DraftController(first.costs, 8, acceptance={"model": shared})
     # Starts from what the first request learned (the default prior is 0.6).
     assert second.model_acc.rate < 0.5
 
@@ -274,7 +274,7 @@ def test_unreached_depths_borrow_from_the_depth_above() -> None:
     # F16-like staircase on a CPU: 2-4 tokens cost little more than 1, a draft token 1/4 step.
     costs = CostModel.from_measurements({1: 0.15, 2: 0.165, 3: 0.17, 4: 0.19, 5: 0.29},
                                         k_max=4, draft=0.04)
-    ctl = DraftController(costs, 4, model_acc=acc)
+    ctl = DraftController(costs, 4, acceptance={"model": acc})
     for _ in range(12):  # this request's own outcomes: the controller starts a request afresh
         ctl.observe(Proposal("model", tokens=[1], confidences=[0.95]), 1, 1)
     assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.95]))

@@ -7,18 +7,22 @@ from .decoder import (
     SpeculativeEngine,
     StreamEvent,
 )
+from .drafters import DraftContext, Drafter, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .text import TextChunk
 
 __all__ = [
+    "DraftContext",
     "DraftSettings",
+    "Drafter",
     "Finished",
     "GenerationRequest",
     "GenerationStats",
     "LlamaRunner",
     "ModelSettings",
+    "Proposal",
     "SamplingParams",
     "SpeculativeEngine",
     "StreamEvent",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from . import drafters
 from .drafters import Proposal
 
 N_BINS = 10
@@ -272,6 +273,14 @@ class AcceptanceModel:
             self.prior_rates[d] = rate if prior is None else prior + 0.3 * (rate - prior)
 
 
+def fill_acceptance(acceptance: dict[str, AcceptanceModel]) -> dict[str, AcceptanceModel]:
+    """Give each registered drafter without an acceptance model one, from its own prior."""
+    for name in drafters.names():
+        if name not in acceptance:
+            acceptance[name] = AcceptanceModel(prior_rate=drafters.get(name).prior_rate)
+    return acceptance
+
+
 class NearTieRate:
     """P(the target's choice at a verified position is a near-tie), learned online.
 
@@ -280,7 +289,7 @@ class NearTieRate:
     quantized target on a CPU the margin is wide (~0.55 logits for Q8_0 here) and prose is full
     of such positions, a third of the drafting steps on a story: counted as neither acceptance
     nor rejection, they made auto draft where plain decoding was faster. A property of the
-    target's text, not of the drafter, so one rate serves both drafters; carried from request
+    target's text, not of the drafter, so one rate serves every drafter; carried from request
     to request like the acceptance rates."""
 
     __slots__ = ("rate", "prior", "_seen")
@@ -382,7 +391,7 @@ def _step_rates(probs: Sequence[float], costs: CostModel,
 
 
 def _best_prefix(probs: list[float], costs: CostModel, tie: float = 0.0) -> tuple[int, float]:
-    """(n, rate): the prefix length n of ``probs`` (drafted for free, by prompt lookup) whose
+    """(n, rate): the prefix length n of ``probs`` (drafted for free, as by prompt lookup) whose
     verification is expected to yield the most tokens per second."""
     return max(((n, expected / seconds) for n, expected, seconds
                 in _step_outcomes(probs, costs, tie)), key=lambda nr: (nr[1], -nr[0]))
@@ -400,23 +409,36 @@ class DraftController:
     MARGIN = 1.05
 
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
-                 model_acc: AcceptanceModel | None = None,
-                 lookup_acc: AcceptanceModel | None = None,
-                 ties: NearTieRate | None = None, peeks: PeekSchedule | None = None) -> None:
+                 acceptance: dict[str, AcceptanceModel] | None = None,
+                 ties: NearTieRate | None = None, peeks: PeekSchedule | None = None,
+                 model: str | None = None) -> None:
         self.costs = costs
         self.k_max = k_max
         self.fixed_k = fixed_k
-        self.model_acc = model_acc or AcceptanceModel()
-        self.lookup_acc = lookup_acc or AcceptanceModel(prior_rate=0.5)
+        # One acceptance model per drafter name, carried by the caller from request to request;
+        # a drafter it does not know yet starts from its own prior (kept in the caller's dict).
+        self.acceptance = acceptance if acceptance is not None else {}
+        fill_acceptance(self.acceptance)
+        # The drafter whose tokens cost model decodes: the one auto prices, paces and peeks at.
+        costly = model or drafters.costly_default()
+        if costly is None:
+            raise ValueError("no drafter that costs model decodes is registered")
+        self.model = costly
+        self.acceptance.setdefault(costly, AcceptanceModel())
         self.ties = ties or NearTieRate()
-        self.model_acc.start_request()
-        self.lookup_acc.start_request()
+        for acc in self.acceptance.values():
+            acc.start_request()
         self.ties.start_request()
         self.peeks = peeks or PeekSchedule()
         self._peeking = False
         # The token rate this request is expected to keep up (tokens/s): what a drafted token's
         # seconds are worth. Set with each decision to draft (model_worth_trying).
         self._long_run: float | None = None
+
+    @property
+    def model_acc(self) -> AcceptanceModel:
+        """The acceptance of the costly drafter's tokens."""
+        return self.acceptance[self.model]
 
     # -- planning -----------------------------------------------------------------------------
     def plain_rate(self) -> float:
@@ -494,9 +516,8 @@ class DraftController:
         would keep being run (and paid for) only to be thrown away."""
         if self.fixed_k is not None or not prop.tokens:
             return len(prop.tokens)
-        if prop.source != "model":
-            return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), self.costs,
-                                tie=self.ties.rate)[0]
+        if prop.source != self.model:
+            return self._free_prefix(prop)[0]
         probs = self._estimates(prop, len(prop.tokens))
         price = self._token_price()
         best_k, _ = max(((n, expected - price * seconds) for n, expected, seconds
@@ -506,9 +527,14 @@ class DraftController:
             self.model_acc.teach(best_k, probs[best_k])
         return best_k
 
-    def lookup_rate(self, prop: Proposal) -> float:
-        return _best_prefix([self.lookup_acc.rate] * len(prop.tokens), self.costs,
-                            tie=self.ties.rate)[1]
+    def free_rate(self, prop: Proposal) -> float:
+        """Tokens per second expected from verifying the best prefix of a free drafter's
+        proposal, at that drafter's acceptance rate."""
+        return self._free_prefix(prop)[1]
+
+    def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
+        return _best_prefix([self.acceptance[prop.source].rate] * len(prop.tokens), self.costs,
+                            tie=self.ties.rate)
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int,
@@ -518,18 +544,15 @@ class DraftController:
         only ``n_verified`` drafted tokens count for acceptance (a tie is neither)."""
         self.peeks.streak = 0
         self.ties.observe(n_accepted + 1, tied)
-        if prop.source == "model":
-            self.model_acc.observe(prop.confidences[:n_verified], n_accepted)
-        else:
-            self.lookup_acc.observe(prop.confidences[:n_verified], n_accepted)
+        self.acceptance[prop.source].observe(prop.confidences[:n_verified], n_accepted)
         if self._peeking:
             # On Q8_0 here fib's peeks were accepted, but drafting never became worth it:
             # counted as finds, they kept auto looking every 8 steps, 0.93x plain decoding.
             self.observe_peek(self.model_worth_trying(self.k_max))
 
     def end_request(self) -> None:
-        self.model_acc.end_request()
-        self.lookup_acc.end_request()
+        for acc in self.acceptance.values():
+            acc.end_request()
         self.ties.end_request()
 
     def observe_plain_step(self) -> None:

@@ -9,14 +9,14 @@ import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from ..errors import ContextOverflowError, LocalspecError
-from . import activity, calibration
+from . import activity, calibration, drafters
 from .calibration import Calibration
 from .controller import (
     AcceptanceModel,
@@ -24,8 +24,9 @@ from .controller import (
     DraftController,
     NearTieRate,
     PeekSchedule,
+    fill_acceptance,
 )
-from .drafters import ModelDrafter, Pick, PromptLookupDrafter, Proposal
+from .drafters import NO_DRAFT, DraftContext, Drafter, DraftMode, Pick, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import (
     AcceptRule,
@@ -55,14 +56,14 @@ EXACT_DRIFT_LIMIT = 0.125
 QUANTIZED_TIE_FLOOR = 0.2
 
 
-DraftMode = Literal["model", "lookup", "none"]
 FinishReason = Literal["stop", "length", "cancelled"]
 RuleSetting = Literal["auto", "coupled", "rejection", "match"]
 
 
 @dataclass(frozen=True, slots=True)
 class DraftSettings:
-    """How to draft. ``k=None`` is adaptive; an int is a fixed draft length.
+    """How to draft. ``mode``: a registered drafter's name (see ``drafters``), or ``none``.
+    ``k=None`` is adaptive; an int is a fixed draft length.
 
     ``rule`` applies to sampled requests: ``coupled`` (the default through ``auto``) makes the
     text a function of the seed alone, whatever is drafted. ``exact``: auto drafting only where
@@ -77,16 +78,18 @@ class DraftSettings:
     lookup_ngram_min: int = 2
 
     def validate(self, has_draft_model: bool) -> None:
-        from ..options import check
+        from ..options import check, param
 
-        check("draft_mode", self.mode)
+        # The registry's modes now: a drafter registered after import is a mode too.
+        replace(param("draft_mode"), choices=drafters.draft_modes()).check(self.mode)
         check("k", self.k)
         check("k_max", self.k_max)
         check("accept_rule", self.rule)
         check("exact", self.exact)
-        if self.mode == "model" and not has_draft_model:
+        if (self.mode != NO_DRAFT and drafters.get(self.mode).needs_draft_model
+                and not has_draft_model):
             raise LocalspecError(
-                "draft mode 'model' needs a draft model (or use --draft-mode lookup)")
+                f"draft mode {self.mode!r} needs a draft model (or use --draft-mode lookup)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,16 @@ StreamEvent = TextChunk | Finished
 
 
 @dataclass(slots=True)
+class _Learning:
+    """What auto carries from request to request: the target's acceptance of each drafter's
+    tokens (by drafter name), how often it met a near-tie, and when to peek."""
+
+    acceptance: dict[str, AcceptanceModel]
+    ties: NearTieRate
+    peeks: PeekSchedule
+
+
+@dataclass(slots=True)
 class _Run:
     """Mutable state of one generation."""
 
@@ -127,6 +140,11 @@ class _Run:
     stats: GenerationStats
     max_new: int
     speculate: bool
+    # The draft mode's drafter (None: plain decoding) and, where it is costly and K is auto,
+    # the free drafters tried before it each step; all by name.
+    primary: Drafter | None = None
+    fallbacks: tuple[Drafter, ...] = ()
+    by_name: dict[str, Drafter] = field(default_factory=dict)
     reason: FinishReason | None = None
     # Set after a near-tie: the next position is decided by a one-token step.
     plain_next: bool = False
@@ -148,7 +166,6 @@ class SpeculativeEngine:
         self.target = target
         self.draft = draft
         self.k_max = k_max
-        self._drafter = ModelDrafter(draft) if draft is not None else None
         self._cache_calibration = cache_calibration
         self._quantized = _is_quantized(target)
         self.calibration: Calibration | None = None
@@ -157,12 +174,10 @@ class SpeculativeEngine:
             calibration = self._cached_calibration()
         if calibration is not None:
             self.use_calibration(calibration)
-        # What the target accepted from each drafter, how often it met a near-tie and how often
-        # to peek, carried from request to request; greedy and sampled decoding differ, so
-        # each has its own.
-        self._acceptance = {greedy: (AcceptanceModel(), AcceptanceModel(prior_rate=0.5),
-                                     NearTieRate(), PeekSchedule())
-                            for greedy in (True, False)}
+        # What auto learned, carried from request to request; greedy and sampled decoding
+        # differ, so each has its own.
+        self._learned = {greedy: _Learning(fill_acceptance({}), NearTieRate(), PeekSchedule())
+                         for greedy in (True, False)}
         self._lock = threading.Lock()
         self._formatters: dict[str, Any] = {}
 
@@ -197,12 +212,12 @@ class SpeculativeEngine:
         """Requests inside teach acceptance to a copy that is dropped afterwards: a benchmark's
         fixed-K runs must not teach auto what they saw (auto would then be measured on
         knowledge a user's auto never had)."""
-        saved = self._acceptance
-        self._acceptance = copy.deepcopy(saved)
+        saved = self._learned
+        self._learned = copy.deepcopy(saved)
         try:
             yield
         finally:
-            self._acceptance = saved
+            self._learned = saved
 
     def clear_caches(self) -> None:
         """Empty both models' KV caches, so the next request decodes its whole prompt in one
@@ -336,11 +351,27 @@ class SpeculativeEngine:
         # Unseeded requests draw a seed: every rule then uses its randomness the same way.
         seed = sp.seed if sp.seed is not None else secrets.randbits(64)
         n_prompt = len(req.prompt_tokens)
-        return _Run(req=req, rule=rule, seed=seed, rng=np.random.default_rng(seed & (2**64 - 1)),
-                    seq=list(req.prompt_tokens), out=[], text=TextAssembler(req.stop),
-                    stats=GenerationStats(prompt_tokens=n_prompt),
-                    max_new=min(req.max_tokens, self.target.n_ctx - n_prompt),
-                    speculate=req.draft.mode != "none")
+        run = _Run(req=req, rule=rule, seed=seed, rng=np.random.default_rng(seed & (2**64 - 1)),
+                   seq=list(req.prompt_tokens), out=[], text=TextAssembler(req.stop),
+                   stats=GenerationStats(prompt_tokens=n_prompt),
+                   max_new=min(req.max_tokens, self.target.n_ctx - n_prompt),
+                   speculate=req.draft.mode != NO_DRAFT)
+        self._choose_drafters(run)
+        return run
+
+    def _choose_drafters(self, run: _Run) -> None:
+        """The request's drafters: its draft mode's, and under auto with a costly one, every
+        free drafter, tried first each step (free to run, verified when they pay)."""
+        ds = run.req.draft
+        if ds.mode == NO_DRAFT:
+            return
+        primary = drafters.create(ds.mode, ds, self.draft)
+        if primary.costly and ds.k is None:
+            run.fallbacks = tuple(drafters.create(name, ds, self.draft)
+                                  for name in drafters.names()
+                                  if name != ds.mode and not drafters.get(name).costly)
+        run.primary = primary
+        run.by_name = {d.name: d for d in (*run.fallbacks, primary)}
 
     def _stream(self, req: GenerationRequest,
                 cancel: threading.Event | None) -> Iterator[StreamEvent]:
@@ -368,10 +399,12 @@ class SpeculativeEngine:
             run.reason = "length"
         if run.reason is None and run.speculate:
             self._ensure_calibrated(run)
-        acc = self._acceptance[run.rule == "greedy"]
+        learned = self._learned[run.rule == "greedy"]
+        costly = run.primary.name if run.primary is not None and run.primary.costly else None
         controller = DraftController(self._costs, min(req.draft.k_max, self.k_max)
-                                     if req.draft.k is None else req.draft.k, req.draft.k, *acc)
-        lookup = PromptLookupDrafter(req.draft.lookup_ngram_max, req.draft.lookup_ngram_min)
+                                     if req.draft.k is None else req.draft.k, req.draft.k,
+                                     acceptance=learned.acceptance, ties=learned.ties,
+                                     peeks=learned.peeks, model=costly)
         auto_explains = self._decide_policy(run, controller)
 
         while run.reason is None:
@@ -379,7 +412,7 @@ class SpeculativeEngine:
                 run.reason = "cancelled"
                 break
             room = min(run.max_new - len(run.out) - 1, self.target.n_ctx - len(run.seq) - 1)
-            prop = self._propose(run, controller, lookup, room)
+            prop = self._propose(run, controller, room)
             k = len(prop.tokens)
             t0 = time.perf_counter()
             activity.report("verifying" if k else "decoding", self.target.path)
@@ -399,7 +432,8 @@ class SpeculativeEngine:
                 run.stats.drafted += k
                 run.stats.accepted += n_acc
                 run.stats.draft_rounds += 1
-                run.stats.lookup_rounds += prop.source == "lookup"
+                run.stats.count_round(prop.source, k, n_acc)
+                run.by_name[prop.source].observe(prop, n_acc)
             else:
                 controller.observe_plain_step()
             run.stats.k_counts[k] += 1
@@ -431,7 +465,7 @@ class SpeculativeEngine:
         True when auto decides with the draft model: its reason is then given again at the
         end, from what the request taught it."""
         ds = run.req.draft
-        if ds.mode == "none":
+        if run.primary is None:
             run.stats.policy = "plain decoding (draft mode none)"
             return False
         if ds.k is not None:
@@ -444,8 +478,9 @@ class SpeculativeEngine:
                                 f"{self.calibration.drift:.3f} > {EXACT_DRIFT_LIMIT} on this "
                                 "build, so a batched verification could change the output")
             return False
-        if ds.mode == "lookup" or self._drafter is None:
-            run.stats.policy = "auto with prompt lookup (free to draft; verified when it pays)"
+        if not run.primary.costly:
+            run.stats.policy = (f"auto with {run.primary.title or run.primary.name} (free to "
+                                "draft; verified when it pays)")
             return False
         run.stats.policy = "auto: " + controller.explain()
         return True
@@ -501,27 +536,27 @@ class SpeculativeEngine:
 
         return pick
 
-    def _propose(self, run: _Run, controller: DraftController, lookup: PromptLookupDrafter,
-                 room: int) -> Proposal:
+    def _propose(self, run: _Run, controller: DraftController, room: int) -> Proposal:
         ds = run.req.draft
-        if not run.speculate or room <= 0 or run.plain_next:
-            return Proposal(source="none")
+        primary = run.primary
+        if primary is None or not run.speculate or room <= 0 or run.plain_next:
+            return Proposal(source=NO_DRAFT)
         cap = min(room, ds.k if ds.k is not None else controller.k_max)
-        if ds.mode == "lookup" or (ds.k is None and self._drafter is not None):
-            cand = lookup.propose(run.seq, cap)
-            if ds.mode == "lookup" or (
-                cand.tokens and controller.lookup_rate(cand) >= controller.expected_model_rate(cap)
-            ):
-                cand.truncate(controller.trim(cand))
-                return cand
-        assert self._drafter is not None
+        ctx = DraftContext(run.seq, self._draft_pick(run), controller.keep_going)
+        if not primary.costly:
+            cand = primary.propose(ctx, cap)
+            cand.truncate(controller.trim(cand))
+            return cand
+        free = self._free_proposal(run, controller, ctx, cap)
+        if free is not None:
+            free.truncate(controller.trim(free))
+            return free
         if not controller.model_worth_trying(cap):
-            drafter = self._drafter
             if ds.k is not None or not controller.should_peek(
-                    cap, lambda: drafter.behind(run.seq), room):
-                return Proposal(source="none")
+                    cap, lambda: primary.behind(run.seq), room):
+                return Proposal(source=NO_DRAFT)
             controller.start_peek()
-        prop = self._drafter.propose(run.seq, cap, self._draft_pick(run), controller.keep_going)
+        prop = primary.propose(ctx, cap)
         run.stats.draft_seconds += prop.seconds
         stepped = sum(prop.step_seconds)
         if prop.step_seconds:
@@ -533,6 +568,23 @@ class SpeculativeEngine:
         prop.truncate(controller.trim(prop))
         return prop
 
+    @staticmethod
+    def _free_proposal(run: _Run, controller: DraftController, ctx: DraftContext,
+                       cap: int) -> Proposal | None:
+        """The free drafters' best proposal, where its drafter's acceptance predicts at least
+        the tokens per second expected from the costly drafter; None where none does."""
+        best, best_rate, bar = None, 0.0, None
+        for drafter in run.fallbacks:
+            cand = drafter.propose(ctx, cap)
+            if not cand.tokens:
+                continue
+            rate = controller.free_rate(cand)
+            if bar is None:
+                bar = controller.expected_model_rate(cap)
+            if rate >= bar and (best is None or rate > best_rate):
+                best, best_rate = cand, rate
+        return best
+
     def _verify(self, run: _Run, prop: Proposal,
                 logits: np.ndarray) -> tuple[int, int | None]:
         """Accept a prefix of the drafted tokens; return (n accepted, the next token).
@@ -540,6 +592,9 @@ class SpeculativeEngine:
         The next token is None when greedy or coupled verification met a near-tie in batched
         logits: the accepted prefix stands and the next step decides that position alone, as
         plain decoding would."""
+        if not prop.is_chain:
+            raise ValueError(f"drafter {prop.source!r} proposed a token tree; verification "
+                             "takes chains only")
         sp = run.req.sampling
         hist = list(run.seq)
         base = len(run.out)

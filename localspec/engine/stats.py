@@ -8,6 +8,18 @@ from typing import Any
 
 
 @dataclass(slots=True)
+class DrafterStats:
+    """What one drafter proposed in a request and what the target accepted of it."""
+
+    rounds: int = 0  # verification rounds that verified its tokens
+    drafted: int = 0
+    accepted: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted}
+
+
+@dataclass(slots=True)
 class GenerationStats:
     """Counters and timers of one request; derived rates are properties."""
 
@@ -17,7 +29,8 @@ class GenerationStats:
     accepted: int = 0
     draft_rounds: int = 0
     target_passes: int = 0
-    lookup_rounds: int = 0
+    # Per drafter (by its registered name), for the drafters that had tokens verified.
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)
     k_counts: Counter[int] = field(default_factory=Counter)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -32,6 +45,21 @@ class GenerationStats:
     calibration_seconds: float = 0.0
     # Why the request drafted as it did (auto's reasoning from the measured costs).
     policy: str = ""
+
+    def count_round(self, drafter: str, drafted: int, accepted: int) -> None:
+        """One verification round of ``drafted`` tokens from ``drafter``."""
+        d = self.drafters.get(drafter)
+        if d is None:
+            d = self.drafters[drafter] = DrafterStats()
+        d.rounds += 1
+        d.drafted += drafted
+        d.accepted += accepted
+
+    @property
+    def lookup_rounds(self) -> int:
+        """Rounds verified from prompt lookup: what front ends show beside the drafted count."""
+        d = self.drafters.get("lookup")
+        return d.rounds if d is not None else 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -97,6 +125,7 @@ class GenerationStats:
             "tokens_per_target_pass": round(self.tokens_per_target_pass, 3),
             "draft_rounds": self.draft_rounds,
             "lookup_rounds": self.lookup_rounds,
+            "drafters": {name: d.to_json() for name, d in self.drafters.items()},
             "target_passes": self.target_passes,
             "mean_k": round(self.mean_k, 3),
             "k_counts": {str(k): v for k, v in sorted(self.k_counts.items())},
@@ -123,7 +152,7 @@ class GenerationStats:
         are recomputed, unknown keys ignored, missing ones zero."""
         counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
-                                         "lookup_rounds", "decode_calls")
+                                         "decode_calls")
                     if isinstance(data.get(f), int)}
         timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
                                               "verify_seconds", "sample_seconds",
@@ -135,7 +164,8 @@ class GenerationStats:
             if str(k).isdigit() and isinstance(n, int):
                 k_counts[int(k)] = n
         policy = data.get("policy")
-        stats = cls(k_counts=k_counts, policy=policy if isinstance(policy, str) else "")
+        stats = cls(k_counts=k_counts, policy=policy if isinstance(policy, str) else "",
+                    drafters=_drafters_from_json(data))
         for name, value in {**counters, **timers}.items():
             setattr(stats, name, value)
         return stats
@@ -155,3 +185,17 @@ class GenerationStats:
             + (f"; this machine's costs measured in {self.calibration_seconds:.2f}s (once, "
                "then cached)" if self.calibration_seconds else "")
         )
+
+
+def _drafters_from_json(data: dict[str, Any]) -> dict[str, DrafterStats]:
+    """Per-drafter counts from ``to_json``; from an older peer, only its lookup_rounds."""
+    raw = data.get("drafters")
+    if not isinstance(raw, dict):
+        n = data.get("lookup_rounds")
+        return {"lookup": DrafterStats(rounds=n)} if isinstance(n, int) and n > 0 else {}
+    out = {}
+    for name, d in raw.items():
+        if isinstance(d, dict):
+            out[str(name)] = DrafterStats(**{f: d[f] for f in ("rounds", "drafted", "accepted")
+                                             if isinstance(d.get(f), int)})
+    return out

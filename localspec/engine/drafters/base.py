@@ -1,0 +1,126 @@
+"""The protocol every drafter implements, and the registry of drafters by name.
+
+A drafter is one module: a ``Drafter`` subclass, registered once (``drafters/__init__.py`` for
+the built-in ones, ``register`` for any other). The draft modes every front end offers, the
+controller's acceptance models and the per-drafter statistics all come from this registry.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+
+from .proposal import Proposal
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..decoder import DraftSettings
+    from ..llama_backend import LlamaRunner
+    from ..sampling import Candidates
+
+# A request's draft mode: a registered drafter's name, or NO_DRAFT.
+DraftMode = str
+NO_DRAFT = "none"
+
+# keep_going(j, proposal) -> whether to draft token j+1 after j tokens drafted.
+KeepGoing = Callable[[int, Proposal], bool]
+# pick(logits, history, j) -> (token, confidence, the distribution it was drawn from or None).
+Pick = Callable[["np.ndarray", list[int], int], tuple[int, float, "Candidates | None"]]
+
+
+def _always(j: int, proposal: Proposal) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class DraftContext:
+    """What a drafter may draft from, one step: the accepted tokens (prompt and output so
+    far) and, for a drafter that samples a model, how the request's rule picks a token and
+    auto's test of whether one more drafted token pays."""
+
+    seq: Sequence[int]
+    pick: Pick | None = None
+    keep_going: KeepGoing = _always
+
+
+class Drafter(abc.ABC):
+    """Proposes tokens for the target to verify. One instance serves one request.
+
+    ``costly``: its tokens cost model decodes, so the controller prices them, paces them with
+    ``keep_going`` and peeks at it while auto decodes plainly; a free drafter's proposal is
+    verified where its own acceptance predicts more than the costly drafter's. A request has at
+    most one costly drafter: its draft mode's; under auto it tries every free one first."""
+
+    name: ClassVar[str]
+    # How the policy explains a request drafting with it ("auto with prompt lookup ...").
+    title: ClassVar[str] = ""
+    # The acceptance believed before any outcome (the controller's prior for its tokens).
+    prior_rate: ClassVar[float] = 0.5
+    costly: ClassVar[bool] = False
+    needs_draft_model: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, settings: DraftSettings, draft_model: LlamaRunner | None) -> Drafter:
+        """This drafter for one request (``draft_model``: the engine's, when it has one)."""
+        return cls()
+
+    @abc.abstractmethod
+    def propose(self, ctx: DraftContext, budget: int) -> Proposal:
+        """At most ``budget`` tokens to continue ``ctx.seq`` (none: a plain step)."""
+
+    def observe(self, proposal: Proposal, n_accepted: int) -> None:
+        """The target accepted the first ``n_accepted`` tokens of ``proposal`` (a drafter that
+        learns from outcomes overrides this)."""
+        return None
+
+    def behind(self, seq: Sequence[int]) -> int:
+        """Tokens of ``seq`` this drafter must take in before it can draft (a costly drafter's
+        catching up, weighed before peeking at it)."""
+        return 0
+
+
+D = TypeVar("D", bound=type[Drafter])
+_registry: dict[str, type[Drafter]] = {}
+
+
+def register(cls: D) -> D:
+    """Make a drafter available by its name (usable as a class decorator)."""
+    name = getattr(cls, "name", "")
+    if not name or name == NO_DRAFT or name in _registry:
+        raise ValueError(f"cannot register a drafter named {name!r}: taken or reserved")
+    _registry[name] = cls
+    return cls
+
+
+def unregister(name: str) -> None:
+    _registry.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Registered drafters, in registration order."""
+    return tuple(_registry)
+
+
+def draft_modes() -> tuple[DraftMode, ...]:
+    """Every draft mode: a registered drafter's name, or plain decoding."""
+    return (*_registry, NO_DRAFT)
+
+
+def get(name: str) -> type[Drafter]:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise ValueError(f"no drafter named {name!r} (registered: "
+                         f"{', '.join(_registry)})") from None
+
+
+def create(name: str, settings: DraftSettings, draft_model: LlamaRunner | None) -> Drafter:
+    return get(name).create(settings, draft_model)
+
+
+def costly_default() -> str | None:
+    """The first registered costly drafter: whose acceptance a controller prices by default."""
+    return next((n for n, cls in _registry.items() if cls.costly), None)

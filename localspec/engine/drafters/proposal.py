@@ -1,0 +1,86 @@
+"""What a drafter proposes: drafted tokens, as a chain or as a token tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..sampling import Candidates
+
+# The parent of a tree's roots: the last accepted token, which the drafted tokens continue.
+ROOT = -1
+
+
+def chain(n: int) -> list[int]:
+    """The parents of a chain of ``n`` nodes: each node continues the one before."""
+    return list(range(-1, n - 1))
+
+
+def check_tree(parents: list[int], n: int) -> None:
+    """Refuse parents that are not a tree over ``n`` nodes listed parents first."""
+    if len(parents) != n:
+        raise ValueError(f"a tree of {n} tokens needs {n} parents, got {len(parents)}")
+    for i, p in enumerate(parents):
+        if not ROOT <= p < i:
+            raise ValueError(f"node {i}'s parent {p} is not an earlier node or {ROOT}")
+
+
+@dataclass(slots=True)
+class Proposal:
+    """Drafted tokens, the distributions they were drawn from (None: deterministic) and the
+    drafter's confidence in each.
+
+    ``parents`` makes the tokens a tree: node i continues node ``parents[i]`` (ROOT: the last
+    accepted token), parents listed before their children. Empty, as for every chain, means
+    each node continues the one before; a drafter that proposes a chain never sets it.
+    Confidences left out are 1.0 each: the drafter has no opinion, and the acceptance model
+    learns its acceptance by depth all the same."""
+
+    source: str
+    tokens: list[int] = field(default_factory=list)
+    dists: list[Candidates] | None = None
+    confidences: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    catch_up_tokens: int = 0
+    # Seconds of each one-token draft decode after the first (which also catches up).
+    step_seconds: list[float] = field(default_factory=list)
+    # The controller's acceptance estimate per drafted token (filled as it decides).
+    estimates: list[float] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.tokens and not self.confidences:
+            self.confidences = [1.0] * len(self.tokens)
+        if self.parents:
+            check_tree(self.parents, len(self.tokens))
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def parent_list(self) -> list[int]:
+        """Every node's parent, spelled out for a chain too."""
+        return list(self.parents) if self.parents else chain(len(self.tokens))
+
+    def path_to(self, node: int) -> list[int]:
+        """The nodes from a root down to ``node``, inclusive."""
+        if not 0 <= node < len(self.tokens):
+            raise ValueError(f"no node {node} in a proposal of {len(self.tokens)} tokens")
+        if not self.parents:
+            return list(range(node + 1))
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` drafted tokens (with their confidences and distributions).
+        A tree's first ``n`` nodes are a tree: parents come before their children."""
+        del self.tokens[n:]
+        del self.confidences[n:]
+        del self.estimates[n:]
+        del self.parents[n:]
+        if self.dists is not None:
+            del self.dists[n:]
