@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
 from . import activity
+from .drafters.proposal import check_tree
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("localspec.llama_cpp")
@@ -142,14 +143,32 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclass(frozen=True, slots=True)
+class _Tree:
+    """A token tree decoded after ``base`` cached tokens, awaiting ``keep_branch``."""
+
+    base: int
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    # Each node's sequence ids, ascending: one per branch (root to leaf) through it.
+    seqs: tuple[tuple[int, ...], ...]
+
+
 class LlamaRunner:
     """A loaded model whose KV cache holds exactly ``self.tokens`` (sequence 0).
 
     ``extra_bufts`` overrides the repack decision (``settings.repack``) when given.
+    ``branches``: how many branches a token tree given to ``decode_tree`` may have (each is a
+    sequence of its own in the KV cache); 0, a runner for chains only, is llama.cpp's
+    single-sequence context exactly.
     """
 
     def __init__(self, path: str | Path, settings: ModelSettings = ModelSettings(),
-                 *, extra_bufts: bool | None = None) -> None:
+                 *, extra_bufts: bool | None = None, branches: int = 0) -> None:
+        if branches < 0:
+            raise ValueError(f"branches must be >= 0, got {branches}")
+        self.branches = branches
+        self._tree: _Tree | None = None
         lib = _init_backend()
         self._lib = lib
         self.path = Path(path)
@@ -181,7 +200,7 @@ class LlamaRunner:
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self._mem = lib.llama_get_memory(self._ctx)
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1 + branches)
         self.tokens: list[int] = []
         # Views of llama.cpp's logits rows by (address, rows): making a view through ctypes
         # costs ~0.1 ms right after a decode, a visible share of a fast GPU step.
@@ -216,6 +235,12 @@ class LlamaRunner:
         params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.no_perf = True
+        if self.branches:
+            params.n_seq_max = 1 + self.branches
+            # One cache for all sequences: a branch shares the cached prefix's cells instead of
+            # copying them, and each sequence keeps the whole n_ctx (a split cache would give
+            # each n_ctx / n_seq_max).
+            params.kv_unified = True
         ctx = lib.llama_init_from_model(self._model, params)
         if not ctx:
             raise ModelLoadError(f"{self.path}: llama.cpp could not create a context of "
@@ -290,11 +315,14 @@ class LlamaRunner:
     # -- KV cache -----------------------------------------------------------------------------
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens of the KV cache, drop the rest."""
+        if self._tree is not None:
+            self.keep_branch([])
         if n < len(self.tokens):
             self._lib.llama_memory_seq_rm(self._mem, 0, n, -1)
             del self.tokens[n:]
 
     def reset(self) -> None:
+        self._tree = None
         self._lib.llama_memory_clear(self._mem, True)
         self.tokens.clear()
 
@@ -327,6 +355,8 @@ class LlamaRunner:
         """
         if not new_tokens:
             raise ValueError("decode needs at least one token")
+        if self._tree is not None:
+            self.keep_branch([])
         if len(self.tokens) + len(new_tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"context of {self.n_ctx} tokens is full ({len(self.tokens)} + {len(new_tokens)})"
@@ -400,6 +430,97 @@ class LlamaRunner:
         keep = min(self.common_prefix(seq), len(seq) - n_logits)
         self.truncate(keep)
         return self.decode(seq[keep:], n_logits)
+
+    # -- token trees ----------------------------------------------------------------------------
+    def decode_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Decode a token tree after the cached tokens in one batch; return every node's logits
+        (an (n, n_vocab) view, valid until the next decode, as ``decode``'s).
+
+        Node i continues node ``parents[i]`` (-1: the last cached token); parents come before
+        their children. A node sits at position ``len(self.tokens)`` + its depth and belongs
+        to the sequence of each branch (root to leaf) through it, so it attends to the cached
+        tokens and its own ancestors only. The tree stays in the cache beside ``self.tokens``
+        until ``keep_branch`` keeps one path of it (any other call on the cache keeps none).
+        """
+        n = len(tokens)
+        parents = list(parents)
+        check_tree(parents, n)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"a token tree must have 1 to {self.n_batch} nodes, got {n}")
+        if self._tree is not None:
+            self.keep_branch([])
+        base = len(self.tokens)
+        if base + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"context of {self.n_ctx} tokens is full ({base} + a tree of {n})")
+        has_child = [False] * n
+        for p in parents:
+            if p >= 0:
+                has_child[p] = True
+        leaves = [i for i in range(n) if not has_child[i]]
+        if len(leaves) > self.branches:
+            raise ValueError(f"a tree of {len(leaves)} branches needs a runner made with "
+                             f"branches >= {len(leaves)}; this one has {self.branches}")
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        for seq_id, leaf in enumerate(leaves, start=1):
+            node = leaf
+            while node >= 0:
+                seqs[node].append(seq_id)
+                node = parents[node]
+        lib = self._lib
+        # Every branch starts from the cached prefix. In the unified cache this only tags the
+        # prefix's cells with the branch's id; no data moves.
+        for seq_id in range(1, len(leaves) + 1):
+            lib.llama_memory_seq_cp(self._mem, 0, seq_id, -1, -1)
+        depth = [0] * n
+        b = self._batch
+        b.n_tokens = n
+        for i, tok in enumerate(tokens):
+            depth[i] = depth[parents[i]] + 1 if parents[i] >= 0 else 0
+            b.token[i] = tok
+            b.pos[i] = base + depth[i]
+            # llama.cpp masks a token by its first sequence id; every ancestor shares it (a
+            # branch through a node runs through all of its ancestors).
+            b.n_seq_id[i] = len(seqs[i])
+            for j, seq_id in enumerate(seqs[i]):
+                b.seq_id[i][j] = seq_id
+            b.logits[i] = True
+        t0 = time.perf_counter()
+        rc = lib.llama_decode(self._ctx, b)
+        lib.llama_synchronize(self._ctx)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            lib.llama_memory_seq_keep(self._mem, 0)  # drop whatever of the tree was written
+            raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
+        self._tree = _Tree(base, tuple(tokens), tuple(parents), tuple(map(tuple, seqs)))
+        return self._logits_view(n)
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        """After ``decode_tree``: keep the nodes ``path`` (a root, then each node a child of the
+        one before) as the continuation of ``self.tokens``, and drop every other node, so the
+        cache holds exactly ``self.tokens`` again (in sequence 0). An empty path keeps none."""
+        tree = self._tree
+        if tree is None:
+            raise ValueError("keep_branch needs a token tree decoded first")
+        for i, node in enumerate(path):
+            if not 0 <= node < len(tree.tokens) or tree.parents[node] != (path[i - 1] if i
+                                                                           else -1):
+                raise ValueError(f"nodes {list(path)} are not a path from a root of the tree")
+        lib, mem = self._lib, self._mem
+        self._tree = None
+        if not path:
+            # Cells outside sequence 0 (the tree) are freed; the prefix keeps sequence 0 alone.
+            lib.llama_memory_seq_keep(mem, 0)
+            return
+        branch = tree.seqs[path[-1]][0]  # a branch through the last kept node
+        # That branch minus its nodes below the path is the prefix and the path: keep exactly
+        # its cells, then hand them back to sequence 0.
+        lib.llama_memory_seq_rm(mem, branch, tree.base + len(path), -1)
+        lib.llama_memory_seq_keep(mem, branch)
+        lib.llama_memory_seq_cp(mem, branch, 0, -1, -1)
+        lib.llama_memory_seq_rm(mem, branch, -1, -1)
+        self.tokens.extend(tree.tokens[node] for node in path)
 
     def time_decode(self, n_tokens: int, repeats: int = 2) -> float:
         """Seconds one decode of ``n_tokens`` takes here (KV restored afterwards)."""
