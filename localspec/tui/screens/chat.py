@@ -220,7 +220,9 @@ class ChatScreen(Screen[None]):
             return
         # Stored first, and the box emptied only once it is: a write that fails (a full disk)
         # leaves the message where the user typed it.
-        stored = self._store_or_say("Not sent", lambda store: self._store_user_message(store, text))
+        stored = self._store_or_say("Not sent",
+                                    lambda store: self._store_user_message(store, text),
+                                    kept_in_box=True)
         if stored is None:
             return
         event.prompt_box.clear()
@@ -235,14 +237,15 @@ class ChatScreen(Screen[None]):
             self.chat_id = chat.id
         return store.add_message(self.chat_id, "user", text)
 
-    def _store_or_say(self, what: str, write: Callable[[ChatStore], T]) -> T | None:
+    def _store_or_say(self, what: str, write: Callable[[ChatStore], T],
+                      kept_in_box: bool = False) -> T | None:
         """``write(store)``, or None and one line in the conversation when the chat history
         cannot be written (SQLite's reason: "database or disk is full", "readonly database")."""
         try:
             return write(self._history())
         except sqlite3.Error as exc:
             log.error("chat history write failed: %s", exc)
-            kept = " (your message is still in the box)" if what == "Not sent" else ""
+            kept = " (your message is still in the box)" if kept_in_box else ""
             self.add_notice(f"{what}: the chat history cannot be written: {exc}{kept}")
             return None
 
@@ -443,7 +446,7 @@ class ChatScreen(Screen[None]):
         asked, self._asked = self._asked, None
         box = self.prompt_box
         if asked is None or not asked.is_attached or box.text.strip():
-            return  # a regenerate, or the user has typed something new meanwhile
+            return  # gone already, or the user has typed something new meanwhile
         mid = getattr(asked, "message_id", None)
         if mid is not None and not self._delete_stored("Kept in the conversation", mid):
             return
