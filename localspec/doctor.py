@@ -22,7 +22,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .formatting import human_bytes
+from .signals import signal_name
 
 if TYPE_CHECKING:  # the engine package imports numpy: only when a check needs it
     from .engine.repack import SelfTestResult
@@ -215,20 +215,13 @@ def probe_llama(python: str | None = None, timeout: float = PROBE_TIMEOUT) -> Ll
     if not isinstance(data, dict):
         if proc.returncode < 0:
             return replace(found, error=f"importing llama_cpp kills Python "
-                                        f"({_signal_name(-proc.returncode)})")
+                                        f"({signal_name(-proc.returncode)})")
         last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return replace(found, error=f"import llama_cpp failed: {last}")
     # Answered, so it imports; a crash at exit after that is noted, not held against it.
     late = None if proc.returncode == 0 else f"the probe exited with {proc.returncode}"
     return replace(found, imports=True, error=late, gpu_offload=bool(data.get("gpu_offload")),
                    system_info=str(data.get("system_info", "")).strip())
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def check_llama(build: LlamaBuild) -> Check:
@@ -385,50 +378,31 @@ class NvidiaReport:
     gpus: tuple[NvidiaGpu, ...] = ()
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _nvml(nvml: ModuleType, fn: str, *args: Any) -> Any:
-    # A query NVML (or an older nvidia-ml-py) cannot answer is a missing value, never an error.
-    try:
-        return getattr(nvml, fn)(*args)
-    except Exception:
-        return None
-
-
 def probe_nvidia(nvml: ModuleType | None = None) -> NvidiaReport:
     """Driver, CUDA driver version and each GPU's name and memory from NVML; never raises.
 
     ``nvml`` is the module to use (tests pass a fake); by default ``pynvml`` (nvidia-ml-py).
     """
-    try:
-        if nvml is None:
-            import pynvml  # deferred: loads libnvidia-ml, absent on most CPU machines
+    from .monitor import Nvml, nvml_text
 
-            nvml = pynvml
-        nvml.nvmlInit()
-    except Exception as exc:
-        return NvidiaReport(False, note=_text(exc) or type(exc).__name__)
+    nv = Nvml(nvml)
+    why = nv.open()
+    if why is not None:
+        return NvidiaReport(False, note=why)
     try:
-        cuda = _nvml(nvml, "nvmlSystemGetCudaDriverVersion")
+        cuda = nv.query("nvmlSystemGetCudaDriverVersion")
         gpus = []
-        for index in range(_nvml(nvml, "nvmlDeviceGetCount") or 0):
-            handle = _nvml(nvml, "nvmlDeviceGetHandleByIndex", index)
-            if handle is None:
-                continue
-            mem = _nvml(nvml, "nvmlDeviceGetMemoryInfo", handle)
-            gpus.append(NvidiaGpu(index, _text(_nvml(nvml, "nvmlDeviceGetName", handle)),
+        for index, handle in nv.handles():
+            mem = nv.query("nvmlDeviceGetMemoryInfo", handle)
+            gpus.append(NvidiaGpu(index, nvml_text(nv.query("nvmlDeviceGetName", handle)),
                                   getattr(mem, "total", None), getattr(mem, "free", None)))
         return NvidiaReport(
             True,
-            driver_version=_text(_nvml(nvml, "nvmlSystemGetDriverVersion")),
+            driver_version=nvml_text(nv.query("nvmlSystemGetDriverVersion")),
             cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
             gpus=tuple(gpus))
     finally:
-        _nvml(nvml, "nvmlShutdown")
+        nv.close()
 
 
 def _gpu_line(report: NvidiaReport) -> str:

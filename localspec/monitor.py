@@ -74,10 +74,52 @@ def _call(fn: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def _text(value: Any) -> str | None:
+def nvml_text(value: Any) -> str | None:
+    """An NVML string (bytes in older nvidia-ml-py) as text."""
     if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class Nvml:
+    """NVML, the one wrapper (the monitor's samples and doctor's report): ``open`` initialises
+    it, ``close`` lets it go, and a query NVML (or an older nvidia-ml-py) cannot answer is None,
+    never an error. ``module`` is the NVML module to use (tests pass a fake); by default
+    ``pynvml`` (nvidia-ml-py), imported on ``open``."""
+
+    def __init__(self, module: ModuleType | None = None) -> None:
+        self._module = module
+        self.ready = False
+
+    def open(self) -> str | None:
+        """Initialise NVML: None once it is ready, else why it is not (NVML's reason)."""
+        try:
+            if self._module is None:
+                import pynvml  # deferred: loads libnvidia-ml, absent on most CPU machines
+
+                self._module = pynvml
+            self._module.nvmlInit()
+        except Exception as exc:
+            return nvml_text(exc) or type(exc).__name__
+        self.ready = True
+        return None
+
+    def query(self, name: str, *args: Any) -> Any:
+        """NVML's function ``name`` called with ``args``, or None where it has no answer."""
+        fn = getattr(self._module, name, None) if self.ready else None
+        return _call(fn, *args) if fn is not None else None
+
+    def handles(self) -> list[tuple[int, Any]]:
+        """(index, handle) of every GPU NVML can reach."""
+        count = self.query("nvmlDeviceGetCount") or 0
+        return [(i, h) for i in range(count)
+                if (h := self.query("nvmlDeviceGetHandleByIndex", i)) is not None]
+
+    def close(self) -> None:
+        """Let NVML go (idempotent)."""
+        if self.ready:
+            self.query("nvmlShutdown")
+            self.ready = False
 
 
 class SystemMonitor:
@@ -87,31 +129,24 @@ class SystemMonitor:
     """
 
     def __init__(self, nvml: ModuleType | None = None, pid: int | None = None) -> None:
-        self._nvml = nvml
+        self._nvml = Nvml(nvml)
         self._pid = pid if pid is not None else os.getpid()
         self._state = "new"  # new -> ready | unavailable -> closed
         self._note: str | None = None
-        self._handles: list[Any] = []
+        self._handles: list[tuple[int, Any]] = []
         self._lock = threading.Lock()
         self._process: Any = None
 
     # -- NVML lifecycle -----------------------------------------------------------------------
     def _init_nvml(self) -> None:
-        try:
-            if self._nvml is None:
-                import pynvml  # deferred: loads libnvidia-ml, absent on most CPU machines
-
-                self._nvml = pynvml
-            self._nvml.nvmlInit()
-        except Exception as exc:
+        why = self._nvml.open()
+        if why is not None:
             self._state = "unavailable"
-            self._note = f"No NVIDIA driver ({_text(exc) or type(exc).__name__})"
-            log.info("NVML unavailable: %s", exc)
+            self._note = f"No NVIDIA driver ({why})"
+            log.info("NVML unavailable: %s", why)
             return
         atexit.register(self.close)
-        count = _call(self._nvml.nvmlDeviceGetCount) or 0
-        self._handles = [h for i in range(count)
-                         if (h := _call(self._nvml.nvmlDeviceGetHandleByIndex, i)) is not None]
+        self._handles = self._nvml.handles()
         if not self._handles:
             self._note = "No NVIDIA GPU found"
         self._state = "ready"
@@ -119,28 +154,26 @@ class SystemMonitor:
     def close(self) -> None:
         """Shut NVML down (idempotent; also registered with atexit)."""
         with self._lock:
-            if self._state == "ready" and self._nvml is not None:
-                _call(self._nvml.nvmlShutdown)
+            if self._state == "ready":
+                self._nvml.close()
             self._state = "closed"
             self._handles = []
 
     # -- sampling -----------------------------------------------------------------------------
     def _gpu(self, index: int, handle: Any) -> GpuSample:
         nv = self._nvml
-        assert nv is not None
-        mem = _call(nv.nvmlDeviceGetMemoryInfo, handle)
-        util = _call(nv.nvmlDeviceGetUtilizationRates, handle)
+        mem = nv.query("nvmlDeviceGetMemoryInfo", handle)
+        util = nv.query("nvmlDeviceGetUtilizationRates", handle)
         procs: list[Any] = []
         for query in ("nvmlDeviceGetComputeRunningProcesses",
                       "nvmlDeviceGetGraphicsRunningProcesses"):
-            fn = getattr(nv, query, None)
-            procs += (_call(fn, handle) or []) if fn is not None else []
+            procs += nv.query(query, handle) or []
         mine = [getattr(p, "usedGpuMemory", None) for p in procs
                 if getattr(p, "pid", None) == self._pid]
         known = [m for m in mine if isinstance(m, int)]
         return GpuSample(
             index=index,
-            name=_text(_call(nv.nvmlDeviceGetName, handle)),
+            name=nvml_text(nv.query("nvmlDeviceGetName", handle)),
             memory_used=getattr(mem, "used", None),
             memory_total=getattr(mem, "total", None),
             utilization=getattr(util, "gpu", None),
@@ -171,6 +204,6 @@ class SystemMonitor:
                 self._init_nvml()
             gpus: tuple[GpuSample, ...] = ()
             if self._state == "ready":
-                gpus = tuple(self._gpu(i, h) for i, h in enumerate(self._handles))
+                gpus = tuple(self._gpu(i, h) for i, h in self._handles)
             return MachineSample(gpus=gpus, gpu_note=self._note, **self._system())
 

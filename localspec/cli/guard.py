@@ -33,6 +33,7 @@ from typing import TextIO
 
 from .. import paths
 from ..engine import activity
+from ..signals import signal_name
 
 LOG_NAME = "cli.log"
 _LOG_MAX_BYTES = 1 << 20  # a log past this is started afresh: it holds recent runs only
@@ -50,10 +51,7 @@ def crash_line(signum: int, what: activity.Activity | None, reason: str | None =
                log: Path | None = None) -> str:
     """The one line a user sees when the child died by ``signum``: ``reason`` is llama.cpp's
     last words (a failed assertion), ``log`` the file with the details."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
+    name = signal_name(signum)
     doing = f" while {what.describe()}" if what is not None else ""
     if signum == signal.SIGKILL:
         cause = "was killed (SIGKILL: out of memory?)"

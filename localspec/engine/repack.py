@@ -27,7 +27,6 @@ import importlib.util
 import json
 import logging
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Any, Literal
 from .. import paths
 from ..files import atomic_write
 from ..formatting import human_bytes
+from ..signals import signal_name
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ def run_selftest(command: Sequence[str] | None = None,
     trials, started = parse_selftest_output(proc.stdout)
     doing = _doing(started)
     if proc.returncode < 0:
-        detail = f"{_signal_name(-proc.returncode)}{doing}"
+        detail = f"{signal_name(-proc.returncode)}{doing}"
         if started:  # the kind it was loading when it died crashes with extra buffer types on
             kind = _kind_of(started.split(" ", 1)[0])
             trials[kind] = replace(trials.get(kind) or KindTrial(), crashed=detail)
@@ -339,13 +339,6 @@ def run_selftest(command: Sequence[str] | None = None,
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return SelfTestResult(False, f"the self-test failed (exit {proc.returncode}{doing}: {last})",
                           seconds, definitive=False, trials=trials)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _decision(result: SelfTestResult, kind: WeightKind,
