@@ -11,12 +11,13 @@ from pathlib import Path
 
 from localspec.chat_engine import LocalChatEngine
 from localspec.chat_store import ChatStore
-from localspec.config import Settings, save_settings
+from localspec.config import save_settings
 from localspec.engine import ModelSettings
 from localspec.loading import EngineSpec, load_engine
 from localspec.models.library import DefaultLibrary
 from localspec.models.tiny import build_demo_pair
 from localspec.monitor import SystemMonitor
+from localspec.options import Settings
 from localspec.tui.app import LocalspecApp
 
 OUT = Path(__file__).parent / "localspec-tui.svg"

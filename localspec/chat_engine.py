@@ -13,15 +13,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, TypedDict
 
 from .engine.decoder import DraftSettings, Finished, GenerationRequest, SpeculativeEngine
 from .engine.sampling import SamplingParams
 from .engine.text import TextChunk
 from .errors import LocalspecError
-from .loading import EngineSpec
-from .options import DEFAULT_MAX_TOKENS
+from .params import DEFAULT_MAX_TOKENS
 
 
 class ChatMessage(TypedDict):
@@ -145,24 +143,3 @@ class LocalChatEngine:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def open_chat_engine(spec: EngineSpec, log_file: Path | None = None) -> ChatEngine:
-    """The chat app's engine for ``spec``: the ``localspec serve`` on this machine that already
-    serves the same files (no second copy in memory; if it goes away, a private engine process
-    takes over), else a private engine process."""
-    from dataclasses import replace
-
-    from .loading import resolve_files
-    from .served_engine import ServedChatEngine
-    from .server import discovery
-    from .server.engine_process import ProcessChatEngine, ProcessOptions
-
-    target, draft = resolve_files(spec)  # a bad file is one line here, not a dead process
-    resolved = replace(spec, target=str(target), draft=str(draft) if draft else None)
-    served = discovery.find(target, draft)
-    if served is not None:
-        return ServedChatEngine(resolved, served.url, served.pid, api_key=served.api_key,
-                                model=served.model_id, log_file=log_file)
-    return ProcessChatEngine(resolved, ProcessOptions(model_id=spec.display_name),
-                             log_file=log_file)

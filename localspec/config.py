@@ -1,7 +1,7 @@
 """``config.toml``: the user's settings, read once and passed down; written by the settings screen.
 
 The ``[chat]`` table holds :class:`localspec.options.Settings` (every key is a parameter of
-``options.PARAMS``, validated there). ``run``, ``serve`` and the chat app read it; CLI flags win.
+``params.PARAMS``, validated there). ``run``, ``serve`` and the chat app read it; CLI flags win.
 Nothing here runs at import.
 """
 
@@ -16,17 +16,10 @@ from typing import Any
 from . import paths
 from .errors import ConfigError
 from .files import atomic_write
-from .options import (
-    InvalidOptionError,
-    Settings,
-    draft_settings,
-    model_settings,
-    sampling_params,
-    settings_from_mapping,
-)
+from .options import Settings, settings_from_mapping
+from .params import InvalidOptionError
 
-__all__ = ["Settings", "config_path", "draft_settings", "load_settings", "model_settings",
-           "sampling_params", "save_settings"]
+__all__ = ["InvalidConfigError", "config_path", "load_settings", "save_settings"]
 
 # Keys written by localspec before the parameters were unified, and what they mean now.
 _LEGACY_KEYS = {"gpu_layers_target": "gpu_layers", "gpu_layers_draft": "draft_gpu_layers"}

@@ -45,7 +45,7 @@ def spec_from_pair(pair_name: str, target_settings: ModelSettings = ModelSetting
 def resolve_files(spec: EngineSpec) -> tuple[Path, Path | None]:
     """The pair's files, validated (each file, and the pair rule) before any llama.cpp sees
     them: a bad file is one line here, not a crash in a process that loads it."""
-    from .engine.gguf_meta import read_gguf_info, validate_pair
+    from .gguf_meta import read_gguf_info, validate_pair
     from .models.names import resolve_model
 
     target = resolve_model(spec.target)

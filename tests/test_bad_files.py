@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from localspec import gguf_meta
 from localspec.cli.guard import log_path, run_guarded
-from localspec.engine import gguf_meta
 from localspec.errors import GGUFError
 from localspec.models.tiny import TinyModelSpec, write_tiny_model
 

@@ -6,15 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec.config import (
-    Settings,
-    draft_settings,
-    load_settings,
-    model_settings,
-    save_settings,
-)
+from localspec.config import load_settings, save_settings
 from localspec.errors import ConfigError
-from localspec.options import PARAMS, InvalidOptionError
+from localspec.options import Settings, draft_settings, model_settings
+from localspec.params import PARAMS, InvalidOptionError
 
 
 def test_defaults_when_missing_and_round_trip(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from localspec.engine import (
 )
 from localspec.engine.controller import CostModel, DraftController
 from localspec.errors import LocalspecError
-from localspec.options import InvalidOptionError
+from localspec.params import InvalidOptionError
 
 from .engine_helpers import PROMPTS, run
 

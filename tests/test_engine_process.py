@@ -193,7 +193,7 @@ def test_the_chat_app_attaches_to_a_serve_of_the_same_pair(target_gguf: Path,
                                                            draft_gguf: Path) -> None:
     """With `localspec serve` already serving these files, the chat app's engine (and `run
     --url`) use it instead of loading a second copy; another pair gets its own process."""
-    from localspec.chat_engine import open_chat_engine
+    from localspec.open_engine import open_chat_engine
     from localspec.served_engine import ServedChatEngine
 
     from .conftest import run_cli

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.engine.gguf_meta import check_pair, read_gguf_info, validate_pair
 from localspec.errors import GGUFError, IncompatiblePairError
+from localspec.gguf_meta import check_pair, read_gguf_info, validate_pair
 from localspec.models.tiny import TinyModelSpec, write_tiny_model
 
 

@@ -62,7 +62,7 @@ def test_engine_imports_no_ui() -> None:
     without the TUI or the server."""
     modules = domain_modules()
     # The walk found the domain (a broken walk must not pass by checking nothing).
-    assert {"localspec.engine", "localspec.loading", "localspec.engine.gguf_meta",
+    assert {"localspec.engine", "localspec.loading", "localspec.gguf_meta",
             "localspec.benchmarking", "localspec.models.library",
             "localspec.chat_store"} <= set(modules)
     args = json.dumps([modules, UI_PACKAGES, ["localspec.tui", "localspec.server"]])

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from localspec.engine.gguf_meta import read_gguf_info
 from localspec.engine.placement import (
     GpuBudget,
     ModelMemory,
@@ -27,6 +26,7 @@ from localspec.engine.placement import (
     plan_placement,
 )
 from localspec.formatting import human_bytes
+from localspec.gguf_meta import read_gguf_info
 from localspec.monitor import SystemMonitor
 from tests.fake_pynvml import make_fake_pynvml
 

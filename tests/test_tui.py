@@ -16,11 +16,12 @@ from textual.widgets import DataTable, Input, Static
 
 from localspec.chat_engine import LocalChatEngine
 from localspec.chat_store import ChatStore, DamagedChatHistory
-from localspec.config import Settings, load_settings, save_settings
+from localspec.config import load_settings, save_settings
 from localspec.engine import ModelSettings
 from localspec.errors import ModelLoadError
 from localspec.loading import EngineSpec, load_engine
 from localspec.models.library import PairStatus
+from localspec.options import Settings
 from localspec.tui import open_chat_store
 from localspec.tui.app import LocalspecApp
 from localspec.tui.messages import ChatDeleted, WorkFailed
@@ -96,8 +97,8 @@ async def test_send_stream_regenerate_and_persist(make_app: Callable[..., Locals
         engine = app.engine.engine
         hist = [{"role": "system", "content": app.settings.system_prompt},
                 {"role": "user", "content": "write some code"}]
-        from localspec.config import draft_settings, sampling_params
         from localspec.engine import GenerationRequest
+        from localspec.options import draft_settings, sampling_params
 
         ref = engine.generate(GenerationRequest(
             tuple(engine.tokenize(engine.chat_prompt(hist), chat=True)), max_tokens=40,
@@ -551,7 +552,7 @@ async def test_a_crash_of_the_engine_process_keeps_the_chat(
 
     from textual.widgets import Static
 
-    from localspec.chat_engine import open_chat_engine
+    from localspec.open_engine import open_chat_engine
 
     app = make_app(Settings(max_tokens=3000, threads=1), factory=open_chat_engine)
 
@@ -639,7 +640,7 @@ async def test_a_message_sent_while_the_engine_restarts_waits_and_is_answered(
     back; one sent before the app has noticed (the dead engine does not take it) too."""
     import signal
 
-    from localspec.chat_engine import open_chat_engine
+    from localspec.open_engine import open_chat_engine
     from localspec.tui.screens.chat import WAITING_LINE
 
     app = make_app(Settings(max_tokens=8, threads=1), spec=slow_spec(slow_pair),
@@ -692,7 +693,7 @@ async def test_a_served_pair_whose_server_goes_away_falls_back_to_an_own_engine(
     import subprocess
     import sys
 
-    from localspec.chat_engine import open_chat_engine
+    from localspec.open_engine import open_chat_engine
 
     target, draft = slow_pair
     serve = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target",

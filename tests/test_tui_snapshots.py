@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from localspec.chat_store import ChatStore
-from localspec.config import Settings
+from localspec.options import Settings
 from localspec.tui.app import LocalspecApp
 from localspec.tui.widgets.machine_gauge import MachineGauge
 from tests.tui_fakes import FIXED_CPU_SAMPLE, FIXED_GPU_SAMPLE, FakeLibrary, FakeMonitor

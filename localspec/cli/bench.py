@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LocalspecError
-from ..options import BENCH_MAX_TOKENS, MAX_K
+from ..params import BENCH_MAX_TOKENS, MAX_K
 from .common import (
     add_draft_options,
     add_model_options,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..errors import LocalspecError, ModelNotFoundError
 from ..loading import EngineSpec, spec_from_pair
-from ..options import Settings, add_argument, apply_args
+from ..options import Settings
+from .params import add_argument, apply_args
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

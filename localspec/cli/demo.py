@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from ..options import DEMO_MAX_TOKENS
+from ..params import DEMO_MAX_TOKENS
 
 if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
     from ..engine import SpeculativeEngine
@@ -16,7 +16,7 @@ DEMO_K = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from ..options import cli_type
+    from .params import cli_type
 
     p = sub.add_parser("demo", help="run the engine on a tiny built-in pair (works offline)",
                        description="Builds (once, cached) a tiny real draft/target GGUF pair, "

@@ -187,8 +187,8 @@ def _changed_file(what: activity.Activity | None) -> str | None:
     if the file llama.cpp was using no longer validates."""
     if what is None or not what.model:
         return None
-    from ..engine.gguf_meta import read_gguf_info  # deferred: only after a crash
     from ..errors import GGUFError
+    from ..gguf_meta import read_gguf_info  # deferred: only after a crash
 
     try:
         read_gguf_info(what.model)

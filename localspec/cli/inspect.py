@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..engine.gguf_meta import GGUFInfo, pair_report, read_gguf_info
 from ..formatting import human_bytes, human_count
+from ..gguf_meta import GGUFInfo, pair_report, read_gguf_info
 from ..models.names import resolve_model
 
 

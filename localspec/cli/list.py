@@ -19,8 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _local_models() -> list[dict[str, Any]]:
-    from ..engine.gguf_meta import read_gguf_info
     from ..errors import GGUFError
+    from ..gguf_meta import read_gguf_info
     from ..models.ollama_store import list_store
 
     models = []

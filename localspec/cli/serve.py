@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 from ..errors import LocalspecError
-from ..options import PARAMS, cli_type
+from ..params import PARAMS
 from .common import add_draft_options, add_model_options, engine_spec, settings_from
+from .params import cli_type
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

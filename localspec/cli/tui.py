@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     # Textual and llama_cpp are imported only here: `localspec --help` stays instant.
-    from ..config import load_settings, model_settings
+    from ..config import load_settings
     from ..loading import EngineSpec, spec_from_pair
+    from ..options import model_settings
     from ..tui import open_tui
 
     if args.url and (args.pair or args.target):

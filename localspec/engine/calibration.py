@@ -128,7 +128,7 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
 
 # -- the cache -----------------------------------------------------------------------------------
 def cache_key(target: LlamaRunner, draft: LlamaRunner | None, k_max: int) -> str:
-    from .gguf_meta import file_identity
+    from ..gguf_meta import file_identity
     from .repack import build_key
 
     parts = [f"v{CALIBRATION_VERSION}", build_key(), file_identity(target.path),

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ from .controller import (
     PeekSchedule,
     fill_acceptance,
 )
-from .drafters import NO_DRAFT, DraftContext, Drafter, DraftMode, Pick, Proposal
+from .drafters import NO_DRAFT, DraftContext, Drafter, DraftSettings, Pick, Proposal
 from .llama_backend import LlamaRunner, ModelSettings
 from .sampling import (
     AcceptRule,
@@ -57,39 +57,6 @@ QUANTIZED_TIE_FLOOR = 0.2
 
 
 FinishReason = Literal["stop", "length", "cancelled"]
-RuleSetting = Literal["auto", "coupled", "rejection", "match"]
-
-
-@dataclass(frozen=True, slots=True)
-class DraftSettings:
-    """How to draft. ``mode``: a registered drafter's name (see ``drafters``), or ``none``.
-    ``k=None`` is adaptive; an int is a fixed draft length.
-
-    ``rule`` applies to sampled requests: ``coupled`` (the default through ``auto``) makes the
-    text a function of the seed alone, whatever is drafted. ``exact``: auto drafting only where
-    batched logits do not drift (see EXACT_DRIFT_LIMIT)."""
-
-    mode: DraftMode = "model"
-    k: int | None = None
-    k_max: int = 12
-    rule: RuleSetting = "auto"
-    exact: bool = False
-    lookup_ngram_max: int = 4
-    lookup_ngram_min: int = 2
-
-    def validate(self, has_draft_model: bool) -> None:
-        from ..options import check, param
-
-        # The registry's modes now: a drafter registered after import is a mode too.
-        replace(param("draft_mode"), choices=drafters.draft_modes()).check(self.mode)
-        check("k", self.k)
-        check("k_max", self.k_max)
-        check("accept_rule", self.rule)
-        check("exact", self.exact)
-        if (self.mode != NO_DRAFT and drafters.get(self.mode).needs_draft_model
-                and not has_draft_model):
-            raise LocalspecError(
-                f"draft mode {self.mode!r} needs a draft model (or use --draft-mode lookup)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +153,7 @@ class SpeculativeEngine:
              target_settings: ModelSettings = ModelSettings(),
              draft_settings: ModelSettings | None = None, k_max: int = 12) -> SpeculativeEngine:
         """Validate the files (and the pair), then load both models."""
-        from .gguf_meta import read_gguf_info, validate_pair
+        from ..gguf_meta import read_gguf_info, validate_pair
 
         if draft_path is not None:
             validate_pair(target_path, draft_path)
@@ -336,7 +303,7 @@ class SpeculativeEngine:
         """Yield text chunks as tokens are accepted, then one ``Finished``."""
         req.sampling.validate()
         req.draft.validate(self.draft is not None)
-        from ..options import check
+        from ..params import check
 
         check("max_tokens", req.max_tokens)
         with self._lock:
@@ -643,7 +610,7 @@ class SpeculativeEngine:
 
 
 def _is_quantized(runner: LlamaRunner) -> bool:
-    from .gguf_meta import has_quantized_weights
+    from ..gguf_meta import has_quantized_weights
 
     try:
         return has_quantized_weights(runner.path)

@@ -176,7 +176,7 @@ class LlamaRunner:
         from .repack import RepackDecision, repack_decision
 
         if extra_bufts is None:
-            from .gguf_meta import has_quantized_weights
+            from ..gguf_meta import has_quantized_weights
 
             self.repack = repack_decision(settings.repack, has_quantized_weights(self.path))
         else:
@@ -571,7 +571,7 @@ def open_llama(path: str | Path, settings: ModelSettings = ModelSettings(), **kw
     _init_backend()
     import llama_cpp.llama as llama_module
 
-    from .gguf_meta import has_quantized_weights
+    from ..gguf_meta import has_quantized_weights
     from .repack import repack_decision
 
     use = repack_decision(settings.repack, has_quantized_weights(path)).use_extra_bufts

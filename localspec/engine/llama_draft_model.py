@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from llama_cpp.llama_speculative import LlamaDraftModel as _Base
 
-from .gguf_meta import read_gguf_info
+from ..gguf_meta import read_gguf_info
 from .llama_backend import LlamaRunner, ModelSettings
 
 

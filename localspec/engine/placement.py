@@ -102,7 +102,7 @@ class ModelMemory:
     def from_gguf(cls, path: str | Path, label: str | None = None) -> ModelMemory:
         """Read a GGUF header (validated as every command validates it; GGUFError if not).
         ``label`` names the model in messages (an Ollama name rather than its blob's file)."""
-        from .gguf_meta import read_tensor_sizes
+        from ..gguf_meta import read_tensor_sizes
 
         info, meta, tensors = read_tensor_sizes(path)
         return cls.from_header(label or Path(path).name, info.architecture, info.vocab_size,

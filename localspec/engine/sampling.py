@@ -114,7 +114,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the first out-of-range setting (NaN and infinity too)."""
-        from ..options import check_sampling
+        from ..params import check_sampling
 
         check_sampling(self)
 

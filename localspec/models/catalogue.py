@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import paths
-from ..engine.gguf_meta import pair_report, read_gguf_info, validate_pair
 from ..errors import ConfigError, DamagedModelError, GGUFError, LocalspecError, ModelNotFoundError
 from ..files import atomic_write
+from ..gguf_meta import pair_report, read_gguf_info, validate_pair
 from ..options import DRAFT_MODES
 from . import ollama_store
 from .names import display_name, resolve_model

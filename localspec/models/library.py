@@ -85,7 +85,7 @@ class ModelLibrary(Protocol):
 
 def kv_cache_bytes(path: Path, n_ctx: int, bytes_per_value: int = 2) -> int:
     """K and V for every layer at ``n_ctx`` (f16), from the GGUF's attention shape."""
-    from ..engine.gguf_meta import read_gguf_info
+    from ..gguf_meta import read_gguf_info
 
     return read_gguf_info(path).kv_cache_bytes(n_ctx, bytes_per_value)
 
@@ -152,7 +152,7 @@ class DefaultLibrary:
         delete(name)
 
     def inspect(self, ref: str) -> dict[str, Any]:
-        from ..engine.gguf_meta import read_gguf_info
+        from ..gguf_meta import read_gguf_info
         from .names import resolve_model
 
         return read_gguf_info(resolve_model(ref)).to_json()

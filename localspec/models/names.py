@@ -20,7 +20,7 @@ def resolve_model(ref: str) -> Path:
 
     The one resolver every command uses. Raises GGUFError for a path that is missing or not a
     file, ModelNotFoundError for a name that is not in the store. The file itself is validated
-    by ``engine.gguf_meta`` before llama.cpp sees it.
+    by ``gguf_meta`` before llama.cpp sees it.
     """
     if is_path_ref(ref):
         path = Path(ref).expanduser()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..engine.decoder import DraftSettings
 from ..engine.sampling import SamplingParams
-from ..options import DEFAULT_MAX_TOKENS
+from ..params import DEFAULT_MAX_TOKENS
 
 # OpenAI's defaults for the OpenAI fields (temperature 1, top_p 1), llama.cpp's for the fields
 # OpenAI does not have (top_k 40, min_p 0.05), so an unchanged OpenAI client samples as it expects.

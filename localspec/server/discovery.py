@@ -28,7 +28,7 @@ class ServedPair:
     url: str
     api_key: str | None
     model_id: str
-    target: str  # file identities (engine.gguf_meta.file_identity)
+    target: str  # file identities (gguf_meta.file_identity)
     draft: str | None
 
 
@@ -37,7 +37,7 @@ def _folder() -> Path:
 
 
 def identity(path: Path | None) -> str | None:
-    from ..engine.gguf_meta import file_identity
+    from ..gguf_meta import file_identity
 
     return file_identity(path) if path is not None else None
 

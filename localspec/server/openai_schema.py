@@ -314,7 +314,7 @@ def _max_tokens(body: dict[str, Any], config: ServerConfig) -> int | None:
 
 def _sampling(body: dict[str, Any], base: SamplingParams) -> SamplingParams:
     """Sampling fields, each checked against localspec's one definition of its range
-    (``options.PARAMS``: the CLI and config.toml accept exactly the same values)."""
+    (``params.PARAMS``: the CLI and config.toml accept exactly the same values)."""
     changes: dict[str, Any] = {}
     for key in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                 "top_k", "repeat_last_n", "seed"):
@@ -335,7 +335,7 @@ def _sampling(body: dict[str, Any], base: SamplingParams) -> SamplingParams:
 
 
 def _checked(name: str, value: Any, label: str | None = None) -> Any:
-    from ..options import PARAMS, InvalidOptionError
+    from ..params import PARAMS, InvalidOptionError
 
     label = label or name
     try:

@@ -117,7 +117,7 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
         factory, spec = remote_factory(url, api_key)
     else:
         from .. import paths
-        from ..chat_engine import open_chat_engine
+        from ..open_engine import open_chat_engine
 
         def factory(engine_spec: EngineSpec) -> Any:
             # A serve of the same pair if one runs, else a private engine process: a native

@@ -21,11 +21,11 @@ from textual.worker import get_current_worker
 from .. import paths
 from ..chat_engine import ChatEngine
 from ..chat_store import ChatStore, DamagedChatHistory
-from ..config import Settings, model_settings
 from ..errors import LocalspecError
 from ..loading import EngineSpec
 from ..models.library import ModelLibrary, PairStatus
 from ..monitor import MachineSample, Monitor
+from ..options import Settings, model_settings
 from .messages import (
     ChatDeleted,
     ChatHistoryMovedAside,

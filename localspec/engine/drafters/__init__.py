@@ -12,6 +12,7 @@ from .base import (
     DraftContext,
     Drafter,
     DraftMode,
+    DraftSettings,
     KeepGoing,
     Pick,
     costly_default,
@@ -30,7 +31,7 @@ register(ModelDrafter)
 register(PromptLookupDrafter)
 
 __all__ = [
-    "NO_DRAFT", "ROOT", "DraftContext", "DraftMode", "Drafter", "KeepGoing", "ModelDrafter",
-    "Pick", "PromptLookupDrafter", "Proposal", "chain", "check_tree", "costly_default",
-    "create", "draft_modes", "get", "names", "register", "unregister",
+    "NO_DRAFT", "ROOT", "DraftContext", "DraftMode", "DraftSettings", "Drafter", "KeepGoing",
+    "ModelDrafter", "Pick", "PromptLookupDrafter", "Proposal", "chain", "check_tree",
+    "costly_default", "create", "draft_modes", "get", "names", "register", "unregister",
 ]

@@ -1,4 +1,5 @@
-"""The protocol every drafter implements, and the registry of drafters by name.
+"""The protocol every drafter implements, the registry of drafters by name, and the settings
+that choose among them (``DraftSettings``).
 
 A drafter is one module: a ``Drafter`` subclass, registered once (``drafters/__init__.py`` for
 the built-in ones, ``register`` for any other). The draft modes every front end offers, the
@@ -10,14 +11,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
+from ... import params
+from ...errors import LocalspecError
 from .proposal import Proposal
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..decoder import DraftSettings
     from ..llama_backend import LlamaRunner
     from ..sampling import Candidates
 
@@ -92,11 +94,19 @@ def register(cls: D) -> D:
     if not name or name == NO_DRAFT or name in _registry:
         raise ValueError(f"cannot register a drafter named {name!r}: taken or reserved")
     _registry[name] = cls
+    _publish()
     return cls
 
 
 def unregister(name: str) -> None:
     _registry.pop(name, None)
+    _publish()
+
+
+def _publish() -> None:
+    # The parameters (a leaf below the engine) cannot ask this registry, so it tells them: the
+    # CLI, config.toml, the chat app and the server offer and check the modes as they are now.
+    params.set_choices("draft_mode", draft_modes())
 
 
 def names() -> tuple[str, ...]:
@@ -124,3 +134,33 @@ def create(name: str, settings: DraftSettings, draft_model: LlamaRunner | None) 
 def costly_default() -> str | None:
     """The first registered costly drafter: whose acceptance a controller prices by default."""
     return next((n for n, cls in _registry.items() if cls.costly), None)
+
+RuleSetting = Literal["auto", "coupled", "rejection", "match"]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftSettings:
+    """How to draft. ``mode``: a registered drafter's name, or ``none``.
+    ``k=None`` is adaptive; an int is a fixed draft length.
+
+    ``rule`` applies to sampled requests: ``coupled`` (the default through ``auto``) makes the
+    text a function of the seed alone, whatever is drafted. ``exact``: auto drafting only where
+    batched logits do not drift (see ``decoder.EXACT_DRIFT_LIMIT``)."""
+
+    mode: DraftMode = "model"
+    k: int | None = None
+    k_max: int = 12
+    rule: RuleSetting = "auto"
+    exact: bool = False
+    lookup_ngram_max: int = 4
+    lookup_ngram_min: int = 2
+
+    def validate(self, has_draft_model: bool) -> None:
+        params.check("draft_mode", self.mode)  # the registry's modes now (see _publish)
+        params.check("k", self.k)
+        params.check("k_max", self.k_max)
+        params.check("accept_rule", self.rule)
+        params.check("exact", self.exact)
+        if self.mode != NO_DRAFT and get(self.mode).needs_draft_model and not has_draft_model:
+            raise LocalspecError(
+                f"draft mode {self.mode!r} needs a draft model (or use --draft-mode lookup)")

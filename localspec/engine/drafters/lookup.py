@@ -9,8 +9,8 @@ from .base import DraftContext, Drafter
 from .proposal import Proposal
 
 if TYPE_CHECKING:
-    from ..decoder import DraftSettings
     from ..llama_backend import LlamaRunner
+    from .base import DraftSettings
 
 
 class PromptLookupDrafter(Drafter):

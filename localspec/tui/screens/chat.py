@@ -27,11 +27,10 @@ from ...chat_engine import (
 )
 from ...chat_engine import ChatMessage as Turn
 from ...chat_store import ChatStore, StoredMessage
-from ...config import draft_settings, sampling_params
 from ...engine import GenerationStats, TextChunk
 from ...errors import ContextOverflowError, EngineStoppedError
 from ...monitor import MachineSample
-from ...options import Settings
+from ...options import Settings, draft_settings, sampling_params
 from ..messages import (
     EngineNotReady,
     EngineStopped,

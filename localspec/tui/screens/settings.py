@@ -1,6 +1,6 @@
 """Settings: drafting, sampling, GPU layers, context, threads, system prompt.
 
-Every field is a parameter of ``options.PARAMS``: the same ranges and meanings as the CLI's flags
+Every field is a parameter of ``params.PARAMS``: the same ranges and meanings as the CLI's flags
 and config.toml. A value out of range is shown in a modal naming the parameter, the value and the
 allowed range; the screen stays open with what was typed.
 """
@@ -17,7 +17,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
-from ...options import PARAMS, InvalidOptionError, Settings
+from ...options import Settings
+from ...params import PARAMS, InvalidOptionError
 from .dialogs import ErrorScreen
 
 # (field, label) in display order. Choices and booleans are Selects, the rest are Inputs.

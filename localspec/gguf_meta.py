@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import paths
-from ..errors import GGUFError, IncompatiblePairError
-from ..files import atomic_write
+from . import paths
+from .errors import GGUFError, IncompatiblePairError
+from .files import atomic_write
 
 log = logging.getLogger(__name__)
 
