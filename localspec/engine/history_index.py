@@ -7,11 +7,15 @@ so no hash collisions for any vocabulary under two million) sorted together with
 after them. A lookup is one binary search for the context's last three tokens, then a
 vectorised comparison backwards from each hit to find how far it matches; the continuations of
 the longest matches are merged into one draft, each token weighted by how many of them agree.
-About 16 bytes a token in memory: a million tokens is 16 MB, and a lookup tens of microseconds.
+About 20 bytes a token in memory (BYTES_PER_TOKEN): a million tokens is 20 MB, and a lookup
+tens of microseconds.
 
 Persistence keeps only the token array and the document lengths (the keys are rebuilt on load in
 milliseconds), behind a header with a format version, the vocabulary it belongs to and a
-checksum: a stale or damaged file is dropped and the index starts over, never trusted.
+checksum: a stale or damaged file is dropped and the index starts over, never trusted. The header
+also carries an ``epoch``, drawn anew whenever an index starts empty (created, cleared, or
+rebuilt after a bad file): a process holding an index can tell from the header alone that the
+file was cleared behind it (``localspec history clear``) rather than saved by another process.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +44,8 @@ MAX_MATCH = 64  # how far back a match is compared: longer matches all rank alik
 MAX_HITS = 64  # the most recent hits of one key that are compared
 FORMAT = 1
 _MAGIC = b"LSHIST1\n"
+# Memory a held token costs: 4 bytes in the token array, 16 for its key and position.
+BYTES_PER_TOKEN = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +83,28 @@ def _key_of(three: Sequence[int]) -> int:
     return (a << (2 * _BITS)) | ((b & _MASK) << _BITS) | (c & _MASK)
 
 
-class HistoryIndex:
-    """Token sequences seen before, bounded to ``max_tokens`` (the oldest documents go first).
+def _new_epoch() -> str:
+    return secrets.token_hex(8)
 
-    Not thread-safe: the engine adds and looks up from its one generating thread.
+
+class HistoryIndex:
+    """Token sequences seen before, bounded to ``max_tokens`` and to about ``max_bytes`` of
+    memory (the oldest documents go first).
+
+    Not thread-safe for writers: one thread adds (the engine's); lookups and saves only read,
+    and every array is replaced, never changed in place, so a reader sees one state or the next.
+    ``note`` is free text kept in the file for people (which model it was last saved for).
     """
 
-    def __init__(self, vocabulary: str, max_tokens: int = 1_000_000) -> None:
+    def __init__(self, vocabulary: str, max_tokens: int = 1_000_000,
+                 max_bytes: int | None = None, note: str = "") -> None:
         self.vocabulary = vocabulary
         self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
+        self.note = note
+        self.epoch = _new_epoch()
+        # Whether ``load`` found it in a file (False: new, or the file was dropped).
+        self.restored = False
         self._tokens = np.empty(0, np.int32)
         self._doc_lengths: list[int] = []  # each without its separator
         self._doc_digests: list[bytes] = []  # parallel to _doc_lengths: no document twice
@@ -102,18 +124,33 @@ class HistoryIndex:
 
     @property
     def n_bytes(self) -> int:
-        """Memory held by the arrays (the file is about a quarter of it)."""
+        """Memory held by the arrays (the file is about a fifth of it)."""
         return int(self._tokens.nbytes + self._keys.nbytes + self._follow.nbytes)
 
+    @property
+    def token_limit(self) -> int:
+        """The most tokens held: ``max_tokens``, or fewer where ``max_bytes`` says so."""
+        if self.max_bytes is None:
+            return self.max_tokens
+        return max(KEY_TOKENS + 1, min(self.max_tokens, self.max_bytes // BYTES_PER_TOKEN))
+
+    def documents(self) -> Iterator[np.ndarray]:
+        """The documents held, oldest first."""
+        start = 0
+        for length in list(self._doc_lengths):
+            yield self._tokens[start:start + length]
+            start += length + 1
+
     # -- adding -----------------------------------------------------------------------------
-    def add(self, tokens: Sequence[int]) -> bool:
+    def add(self, tokens: Sequence[int] | np.ndarray) -> bool:
         """Add one document (an answer, with the end of the prompt before it). A document
         already held is not added twice; returns whether it was added."""
         doc = np.asarray(tokens, dtype=np.int32)
         if len(doc) < KEY_TOKENS + 1 or (doc < 0).any():
             return False
-        if len(doc) > self.max_tokens:
-            doc = doc[-self.max_tokens:]
+        limit = self.token_limit
+        if len(doc) > limit:
+            doc = doc[-limit:]
         digest = _digest(doc)
         if digest in self._digest_set:
             return False
@@ -141,9 +178,15 @@ class HistoryIndex:
         self._keys = np.insert(self._keys, at, keys)
         self._follow = np.insert(self._follow, at, follow)
 
+    def absorb(self, other: HistoryIndex) -> int:
+        """Add the documents of ``other`` (another process's save of the same file) that this
+        index does not hold, oldest first; returns how many were added."""
+        return sum(self.add(doc) for doc in other.documents())
+
     def _evict(self) -> None:
         drop_docs, dropped = 0, 0
-        while (self.n_tokens - dropped > self.max_tokens
+        limit = self.token_limit
+        while (self.n_tokens - dropped > limit
                and drop_docs < len(self._doc_lengths) - 1):
             dropped += self._doc_lengths[drop_docs]
             drop_docs += 1
@@ -159,7 +202,8 @@ class HistoryIndex:
         self._tokens = self._tokens[cut:]
 
     def clear(self) -> None:
-        """Forget every document."""
+        """Forget every document (under a new epoch: see the module's docstring)."""
+        self.epoch = _new_epoch()
         self._tokens = np.empty(0, np.int32)
         self._doc_lengths.clear()
         self._doc_digests.clear()
@@ -197,7 +241,8 @@ class HistoryIndex:
                              budget: int) -> Continuation | None:
         # Depth by depth, follow the token most of the remaining matches continue with (the
         # most recent one on a tie), and drop the matches that went elsewhere. Plain Python:
-        # a few dozen short rows, where each numpy call would cost more than the work.
+        # a few dozen short rows, where each numpy call would cost more than the work; the
+        # usual cases (one match, or matches that agree) skip the counting.
         rows = []
         for start in starts.tolist():
             row = self._tokens[start:start + budget].tolist()
@@ -205,21 +250,28 @@ class HistoryIndex:
                 row = row[:row.index(SEPARATOR)]
             rows.append(row)
         total = len(rows)
+        if total == 1:
+            only = rows[0]
+            return (Continuation(tuple(only), match, (1.0,) * len(only), 1) if only else None)
         tokens: list[int] = []
         agreement: list[float] = []
         for d in range(budget):
-            counts: dict[int, int] = {}
-            for row in rows:  # ascending position: the last one counted is the most recent
-                if d < len(row):
-                    counts[row[d]] = counts.get(row[d], 0) + 1
-            if not counts:
+            # Rows in ascending position: the last one is the most recent.
+            column = [row[d] for row in rows if d < len(row)]
+            if not column:
                 break
-            top = max(counts.values())
-            tok = next(row[d] for row in reversed(rows)
-                       if d < len(row) and counts[row[d]] == top)
+            tok = column[-1]
+            top = column.count(tok)
+            if top < len(column):
+                counts: dict[int, int] = {}
+                for t in column:
+                    counts[t] = counts.get(t, 0) + 1
+                top = max(counts.values())
+                tok = next(t for t in reversed(column) if counts[t] == top)
+            if top < len(rows):
+                rows = [row for row in rows if d < len(row) and row[d] == tok]
             tokens.append(tok)
             agreement.append(top / total)
-            rows = [row for row in rows if d < len(row) and row[d] == tok]
         if not tokens:
             return None
         return Continuation(tuple(tokens), match, tuple(agreement), total)
@@ -232,8 +284,10 @@ class HistoryIndex:
         body = self._tokens.astype("<i4").tobytes() + lengths.astype("<i8").tobytes()
         meta = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary,
                            "tokens": int(len(self._tokens)), "documents": len(lengths),
-                           "sha256": hashlib.sha256(body).hexdigest()}).encode()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+                           "sha256": hashlib.sha256(body).hexdigest(), "epoch": self.epoch,
+                           "note": self.note}).encode()
+        # The writer's own temporary name (process and thread): two writers never share one.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -245,11 +299,30 @@ class HistoryIndex:
             tmp.unlink(missing_ok=True)
             raise
 
+    @staticmethod
+    def read_header(path: Path) -> dict[str, Any] | None:
+        """The header of the file at ``path`` (format, vocabulary, sizes, checksum, epoch,
+        note), without reading its tokens; None where there is no readable header."""
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(len(_MAGIC) + 4)
+                if not head.startswith(_MAGIC) or len(head) < len(_MAGIC) + 4:
+                    return None
+                (n_meta,) = struct.unpack_from("<I", head, len(_MAGIC))
+                if n_meta > 1 << 20:
+                    return None
+                meta = json.loads(fh.read(n_meta))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
     @classmethod
-    def load(cls, path: Path, vocabulary: str, max_tokens: int = 1_000_000) -> HistoryIndex:
+    def load(cls, path: Path, vocabulary: str, max_tokens: int = 1_000_000,
+             max_bytes: int | None = None) -> HistoryIndex:
         """The index saved at ``path``, or an empty one where the file is missing, of another
-        format or vocabulary, or damaged (logged, and replaced at the next save)."""
-        index = cls(vocabulary, max_tokens)
+        format or vocabulary, or damaged (logged, and replaced at the next save). ``restored``
+        on the result says which."""
+        index = cls(vocabulary, max_tokens, max_bytes)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -258,10 +331,13 @@ class HistoryIndex:
             log.warning("history index %s unreadable (%s); starting a new one", path, exc)
             return index
         try:
-            tokens, lengths = _parse(raw, vocabulary)
+            tokens, lengths, meta = _parse(raw, vocabulary)
         except ValueError as exc:
             log.warning("history index %s dropped: %s", path, exc)
             return index
+        index.restored = True
+        index.epoch = str(meta.get("epoch") or index.epoch)
+        index.note = str(meta.get("note") or "")
         start = 0
         for length in lengths:  # the newest documents, as many as the limit holds
             doc = tokens[start:start + length]
@@ -276,7 +352,7 @@ class HistoryIndex:
         return index
 
 
-def _parse(raw: bytes, vocabulary: str) -> tuple[np.ndarray, list[int]]:
+def _parse(raw: bytes, vocabulary: str) -> tuple[np.ndarray, list[int], dict[str, Any]]:
     if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 4:
         raise ValueError("not a localspec history index")
     (n_meta,) = struct.unpack_from("<I", raw, len(_MAGIC))
@@ -299,4 +375,4 @@ def _parse(raw: bytes, vocabulary: str) -> tuple[np.ndarray, list[int]]:
     lengths = np.frombuffer(body, dtype="<i8", count=n_doc, offset=4 * n_tok).tolist()
     if sum(lengths) + n_doc != n_tok:
         raise ValueError("document lengths do not add up (damaged)")
-    return tokens, [int(x) for x in lengths]
+    return tokens, [int(x) for x in lengths], meta
