@@ -40,12 +40,19 @@ from .llama_backend import LlamaRunner
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 4
+# 5: target passes wider than a chain (WIDE_WIDTHS) are measured too, for token trees.
+CALIBRATION_VERSION = 5
+# Token trees' widths: a handful up to 256 nodes, each timed once. Measuring stops at the first
+# that costs more than WIDE_STOP one-token passes: no tree there can pay (a step would have to
+# yield that many tokens), and on a CPU where the curve climbs steeply that is the first one.
+WIDE_WIDTHS = (16, 32, 64, 128, 256)
+WIDE_STOP = 6.0
 
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Measured costs (seconds per target decode of n tokens, per draft token) and drift."""
+    """Measured costs (seconds per target decode of n tokens, per draft token) and drift.
+    ``target_points`` also holds the widths measured for token trees (see WIDE_WIDTHS)."""
 
     target_points: dict[int, float]
     draft_token: float
@@ -110,6 +117,7 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
         points[w] = time.perf_counter() - t0
         drift = max(drift, max(float(np.abs(singles[i] - batched[i]).max()) for i in range(w)))
     target.truncate(base)
+    _measure_wide(target, points, seq, min(target.n_batch, room))
     draft_token = 0.0
     if draft is not None:
         keep = len(draft.tokens)
@@ -124,6 +132,25 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
     log.info("calibration in %.2fs: target %s; draft %.4fs/token; drift %.4f", cal.seconds,
              {n: round(t, 4) for n, t in sorted(points.items())}, draft_token, drift)
     return cal
+
+
+def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
+                  limit: int) -> None:
+    """Time one pass at each of WIDE_WIDTHS that fits (``limit``), widest last, until one
+    costs more than WIDE_STOP one-token passes. Its tokens are the text's, repeated: what a
+    pass costs does not depend on which tokens it holds."""
+    base = len(target.tokens)
+    for w in WIDE_WIDTHS:
+        if w > limit or w in points:
+            continue
+        t0 = time.perf_counter()
+        # Logits for every row, as a tree's verification asks: on a large vocabulary the
+        # output layer is a real share of a wide pass.
+        target.decode((seq * (w // len(seq) + 1))[:w], w)
+        points[w] = time.perf_counter() - t0
+        target.truncate(base)
+        if points[w] > WIDE_STOP * points[1]:
+            break
 
 
 # -- the cache -----------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ spent whatever comes next, so it must not sway the choice).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import drafters
+from . import drafters, tree_planner
 from .drafters import Proposal
+from .tree_planner import TreePlan
 
 N_BINS = 10
 
@@ -44,6 +45,8 @@ class CostModel:
     # step added (one batch), which costs more than a draft token (here 45 ms against 25 for
     # the 0.5B draft on a CPU); 0 until observed (then a draft token).
     draft_first: float = 0.0
+    # Measured target passes wider than ``target`` (token trees: up to 256 nodes), by width.
+    wide: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_measurements(cls, points: dict[int, float], k_max: int, draft: float) -> CostModel:
@@ -60,18 +63,48 @@ class CostModel:
             else:
                 t = points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
             table.append(max(t, points[ns[0]]))
-        return cls(target=table, draft_token=draft)
+        wide = {n: t for n, t in points.items() if n >= len(table)}
+        return cls(target=table, draft_token=draft, wide=wide)
 
     @classmethod
     def from_calibration(cls, t1: float, tn: float, n: int, k_max: int, draft: float) -> CostModel:
         return cls.from_measurements({1: t1, n: tn}, k_max, draft)
 
     def verify(self, n: int) -> float:
-        return self.target[min(n, len(self.target) - 1)]
+        table = self.target
+        if n < len(table) or not self.wide:
+            return table[min(n, len(table) - 1)]
+        # Past the table (a token tree): linear between measured wide points, and past the
+        # widest along the last segment's slope.
+        lo_n, lo_t, slope = len(table) - 1, table[-1], 0.0
+        for m in sorted(self.wide):
+            t = self.wide[m]
+            if n <= m:
+                return lo_t + (t - lo_t) * (n - lo_n) / (m - lo_n)
+            lo_n, lo_t, slope = m, t, (t - lo_t) / (m - lo_n)
+        return lo_t + max(0.0, slope) * (n - lo_n)
 
     def observe_verify(self, n: int, seconds: float) -> None:
         if 0 < n < len(self.target):
             self.target[n] += self.smoothing * (seconds - self.target[n])
+        elif n in self.wide:
+            self.wide[n] += self.smoothing * (seconds - self.wide[n])
+
+    @property
+    def widest(self) -> int:
+        """The widest target pass measured (or in the table): what a plan may rely on."""
+        return max(len(self.target) - 1, max(self.wide, default=0))
+
+    def draft_start(self) -> float:
+        """Seconds of a step's first draft pass (see ``draft_first``)."""
+        return self.draft_first if self.draft_first > 0 else self.draft_token
+
+    def draft_pass(self, width: int) -> float:
+        """Seconds of one draft pass over ``width`` tree nodes: a draft token, scaled as a
+        batch of that width scales the target's pass (the draft runs on the same device)."""
+        if width <= 1:
+            return self.draft_token
+        return self.draft_token * self.verify(width) / self.verify(1)
 
     def observe_draft(self, per_token: float) -> None:
         self.draft_token += self.smoothing * (per_token - self.draft_token)
@@ -128,7 +161,14 @@ class AcceptanceModel:
     Only tokens up to and including the first rejection are observed."""
 
     __slots__ = ("hits", "seen", "rates", "prior_rates", "_depth_hits",
-                 "_depth_seen", "_depth_prior", "_observed", "_request_hits", "_request_seen")
+                 "_depth_seen", "_depth_prior", "_observed", "_request_hits", "_request_seen",
+                 "_sibling_hits", "_sibling_seen")
+
+    # A token tree's other guesses (rank 1, 2, ... below the draft's first): P(the target
+    # chose it | its parent was accepted), before any tree was verified, and the outcomes
+    # that prior counts as. Learned over requests (a property of the pair, not of a text).
+    SIBLING_PRIOR = (0.12, 0.06, 0.03)
+    SIBLING_PRIOR_WEIGHT = 20.0
 
     # The carried prior counts as this many outcomes at each depth.
     PRIOR_WEIGHT = 4.0
@@ -154,7 +194,29 @@ class AcceptanceModel:
         self.prior_rates: list[float | None] = [prior_rate] + [None] * (MAX_DEPTH - 1)
         self._observed = False
         self.rates = [prior_rate] * MAX_DEPTH
+        self._sibling_hits = [0.0] * len(self.SIBLING_PRIOR)
+        self._sibling_seen = [0.0] * len(self.SIBLING_PRIOR)
         self._forget()
+
+    @property
+    def sibling_rates(self) -> list[float]:
+        """P(the draft's rank-r guess, r = 1, 2, ..., is the target's choice | its parent
+        was accepted)."""
+        w = self.SIBLING_PRIOR_WEIGHT
+        return [(h + w * p) / (n + w) for h, n, p in zip(self._sibling_hits, self._sibling_seen,
+                                                          self.SIBLING_PRIOR, strict=True)]
+
+    def observe_siblings(self, outcomes: Sequence[tuple[int, float, bool]]) -> None:
+        """A tree's other guesses below accepted parents, as (rank, confidence, chosen): they
+        teach the confidence bins (calibration extended from chains) and the rank rates."""
+        for rank, conf, hit in outcomes:
+            b = min(int(conf * N_BINS), N_BINS - 1)
+            self.hits[b] += hit
+            self.seen[b] += 1.0
+            r = min(rank, len(self.SIBLING_PRIOR)) - 1
+            if r >= 0:
+                self._sibling_hits[r] += hit
+                self._sibling_seen[r] += 1.0
 
     @property
     def rate(self) -> float:
@@ -397,6 +459,22 @@ def _best_prefix(probs: list[float], costs: CostModel, tie: float = 0.0) -> tupl
                 in _step_outcomes(probs, costs, tie)), key=lambda nr: (nr[1], -nr[0]))
 
 
+@dataclass(frozen=True, slots=True)
+class _Free:
+    """A free drafter's costs for the tree planner: verification only."""
+
+    costs: CostModel
+
+    def verify(self, n: int) -> float:
+        return self.costs.verify(n)
+
+    def draft_pass(self, width: int) -> float:
+        return 0.0
+
+    def draft_start(self) -> float:
+        return 0.0
+
+
 class DraftController:
     """Decides, per step, which drafter to use and how many of its tokens to verify.
 
@@ -434,6 +512,8 @@ class DraftController:
         # The token rate this request is expected to keep up (tokens/s): what a drafted token's
         # seconds are worth. Set with each decision to draft (model_worth_trying).
         self._long_run: float | None = None
+        self._tree_key: tuple[object, ...] | None = None
+        self._tree: TreePlan | None = None
 
     @property
     def model_acc(self) -> AcceptanceModel:
@@ -535,6 +615,96 @@ class DraftController:
     def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
         return _best_prefix([self.acceptance[prop.source].rate] * len(prop.tokens), self.costs,
                             tie=self.ties.rate)
+
+    # -- token trees --------------------------------------------------------------------------
+    # A tree must beat the best chain by this much: its sibling rates are learned slowly, and
+    # on a steep cost curve a chain is what auto did before trees (it must never lose to it).
+    TREE_MARGIN = 1.05
+
+    def tree_plan(self, room: int, max_nodes: int, branches: int,
+                  source: str | None = None) -> TreePlan | None:
+        """The token tree worth drafting this step with drafter ``source`` (the costly one by
+        default), or None where a chain is as good (today's chain policy then decides its
+        length). ``room``: the longest path the request may still take; ``max_nodes``,
+        ``branches``: what one target pass can hold."""
+        if self.fixed_k is not None or branches < 2 or room < 1 or max_nodes < 2:
+            return None
+        # Only widths measured are priced: past them the curve is a guess.
+        max_nodes = min(max_nodes, self.costs.widest - 1)
+        if max_nodes < 2:
+            return None
+        source = source or self.model
+        acc = self.acceptance[source]
+        costs: tree_planner.TreeCosts = self.costs if source == self.model else _Free(self.costs)
+        depth = acc.depth_rates(0, min(MAX_DEPTH, room, max_nodes))
+        sib = acc.sibling_rates
+        # Planning walks up to a few hundred nodes: at GPU step rates that is worth reusing
+        # while the rates it depends on stay where they were (to 0.02).
+        key = (tuple(round(r * 50) for r in depth), tuple(round(r * 50) for r in sib),
+               round(self.ties.rate * 50), max_nodes, branches, source)
+        if self._tree_key != key:
+            tree = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes,
+                                     max_branches=branches, tie=self.ties.rate)
+            chain = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes,
+                                      max_branches=branches, max_width=1, tie=self.ties.rate)
+            self._tree_key = key
+            self._tree = (None if tree.is_chain or tree.rate <= self.TREE_MARGIN * chain.rate
+                          else tree)
+        return self._tree
+
+    def tree_estimates(self, prop: Proposal) -> list[float]:
+        """P(each node matches the target's choice | its parent was accepted)."""
+        if prop.source == self.model:
+            return self._estimates(prop, len(prop.tokens))
+        rate = self.acceptance[prop.source].rate
+        return [rate] * len(prop.tokens)
+
+    def trim_tree(self, prop: Proposal) -> None:
+        """Keep the nodes of a drafted tree worth verifying (drafting is already spent)."""
+        if self.fixed_k is not None or not prop.tokens:
+            return
+        path_p = tree_planner.path_probabilities(self.tree_estimates(prop), prop.parent_list())
+        price = self._token_price()
+        prop.keep_nodes(tree_planner.select(path_p, prop.parent_list(), self.costs, price,
+                                            self.ties.rate))
+
+    def observe_tree(self, prop: Proposal, path: Sequence[int],
+                     choices: Sequence[int | None]) -> None:
+        """The target verified a tree: it accepted the nodes ``path`` and chose
+        ``choices[j]`` after the first j of them (None: a near-tie left undecided, last only).
+
+        The first guesses (each node's most confident child) teach the acceptance by depth
+        and confidence as a chain of them would have; the other guesses below accepted
+        parents teach the confidence bins and the rank rates."""
+        self.peeks.streak = 0
+        tied = bool(choices) and choices[-1] is None
+        self.ties.observe(len(path) + 1, tied)
+        acc = self.acceptance[prop.source]
+        kids = prop.children()
+        conf = prop.confidences
+        ranked = [sorted(k, key=lambda c: (-conf[c], c)) for k in kids]
+        main: list[float] = []
+        n_acc = 0
+        for j in range(len(path) + 1):
+            first = ranked[path[j - 1] if j else -1]
+            if not first:
+                break
+            main.append(conf[first[0]])
+            if j < len(path) and path[j] == first[0]:
+                n_acc += 1
+                continue
+            break
+        n_verified = len(main) if not tied or n_acc < len(path) else n_acc
+        acc.observe(main[:n_verified], n_acc)
+        others = []
+        for j, choice in enumerate(choices):
+            if choice is None:
+                continue
+            for rank, c in enumerate(ranked[path[j - 1] if j else -1][1:], start=1):
+                others.append((rank, conf[c], prop.tokens[c] == choice))
+        acc.observe_siblings(others)
+        if self._peeking:
+            self.observe_peek(self.model_worth_trying(self.k_max))
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int,

@@ -143,6 +143,12 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def max_branches(settings: ModelSettings) -> int:
+    """The most tree branches a runner with these settings can hold: llama.cpp needs a batch
+    row per sequence, and sequence 0 is the accepted text."""
+    return max(0, min(settings.n_batch, settings.n_ctx) - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class _Tree:
     """A token tree decoded after ``base`` cached tokens, awaiting ``keep_branch``."""
@@ -167,6 +173,11 @@ class LlamaRunner:
                  *, extra_bufts: bool | None = None, branches: int = 0) -> None:
         if branches < 0:
             raise ValueError(f"branches must be >= 0, got {branches}")
+        if branches > max_branches(settings):
+            # llama.cpp asserts (aborts the process) when a context has more sequences than
+            # a batch has rows (llama-context.cpp, n_outputs_max).
+            raise ValueError(f"a runner with n_batch {settings.n_batch} holds at most "
+                             f"{max_branches(settings)} branches, not {branches}")
         self.branches = branches
         self._tree: _Tree | None = None
         lib = _init_backend()
@@ -442,59 +453,92 @@ class LlamaRunner:
         tokens and its own ancestors only. The tree stays in the cache beside ``self.tokens``
         until ``keep_branch`` keeps one path of it (any other call on the cache keeps none).
         """
-        n = len(tokens)
-        parents = list(parents)
-        check_tree(parents, n)
-        if not 0 < n <= self.n_batch:
-            raise ValueError(f"a token tree must have 1 to {self.n_batch} nodes, got {n}")
         if self._tree is not None:
             self.keep_branch([])
-        base = len(self.tokens)
-        if base + n > self.n_ctx:
+        return self._add_to_tree(_Tree(len(self.tokens), (), (), ()), tokens, parents)
+
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Add nodes to the tree ``decode_tree`` left pending, in one batch; return the new
+        nodes' logits. ``parents`` index the whole tree (its earlier nodes, then these), so a
+        drafter can grow a tree level by level, one batch per level, without decoding again
+        what it decoded before. With no tree pending this is ``decode_tree``."""
+        tree = self._tree or _Tree(len(self.tokens), (), (), ())
+        return self._add_to_tree(tree, tokens, parents)
+
+    def _add_to_tree(self, tree: _Tree, tokens: Sequence[int],
+                     parents: Sequence[int]) -> np.ndarray:
+        n_old, n_new = len(tree.tokens), len(tokens)
+        all_parents = [*tree.parents, *parents]
+        check_tree(all_parents, n_old + n_new)
+        if not 0 < n_new <= self.n_batch:
+            raise ValueError(f"a token tree must have 1 to {self.n_batch} nodes, got {n_new}")
+        base = tree.base
+        if base + n_old + n_new > self.n_ctx:
             raise ContextOverflowError(
-                f"context of {self.n_ctx} tokens is full ({base} + a tree of {n})")
-        has_child = [False] * n
-        for p in parents:
+                f"context of {self.n_ctx} tokens is full ({base} + a tree of {n_old + n_new})")
+        has_child = [False] * (n_old + n_new)
+        for p in all_parents:
             if p >= 0:
                 has_child[p] = True
-        leaves = [i for i in range(n) if not has_child[i]]
-        if len(leaves) > self.branches:
-            raise ValueError(f"a tree of {len(leaves)} branches needs a runner made with "
-                             f"branches >= {len(leaves)}; this one has {self.branches}")
-        seqs: list[list[int]] = [[] for _ in range(n)]
-        for seq_id, leaf in enumerate(leaves, start=1):
-            node = leaf
+        n_leaves = has_child.count(False)
+        if n_leaves > self.branches:
+            raise ValueError(f"a tree of {n_leaves} branches needs a runner made with "
+                             f"branches >= {n_leaves}; this one has {self.branches}")
+        lib = self._lib
+        seqs = [list(s) for s in tree.seqs] + [[] for _ in range(n_new)]
+        depth = [0] * (n_old + n_new)
+        for i, p in enumerate(all_parents):
+            depth[i] = depth[p] + 1 if p >= 0 else 0
+        # Each branch (root to leaf) is a sequence of its own, numbered from 1. A node that
+        # continues a leaf takes over the leaf's sequence; any other starts one, tagging the
+        # cells its branch shares: the cached prefix and its ancestors already decoded (a
+        # sequence through the parent holds exactly those below the parent's position). In
+        # the unified cache tagging moves no data; ancestors in this batch get the tag here.
+        next_seq = 1 + max((max(s) for s in seqs if s), default=0)
+        has_child = [False] * (n_old + n_new)
+        for p in tree.parents:
+            if p >= 0:
+                has_child[p] = True
+        for i in range(n_old, n_old + n_new):
+            p = all_parents[i]
+            if p >= 0 and not has_child[p]:
+                has_child[p] = True
+                seqs[i].append(seqs[p][0])  # a leaf has exactly one sequence
+                continue
+            seq_id, next_seq = next_seq, next_seq + 1
+            if p < 0:
+                lib.llama_memory_seq_cp(self._mem, 0, seq_id, -1, -1)
+            else:
+                lib.llama_memory_seq_cp(self._mem, seqs[p][0], seq_id, -1, base + depth[p] + 1)
+            node = p
             while node >= 0:
                 seqs[node].append(seq_id)
-                node = parents[node]
-        lib = self._lib
-        # Every branch starts from the cached prefix. In the unified cache this only tags the
-        # prefix's cells with the branch's id; no data moves.
-        for seq_id in range(1, len(leaves) + 1):
-            lib.llama_memory_seq_cp(self._mem, 0, seq_id, -1, -1)
-        depth = [0] * n
+                node = all_parents[node]
+            seqs[i].append(seq_id)
         b = self._batch
-        b.n_tokens = n
-        for i, tok in enumerate(tokens):
-            depth[i] = depth[parents[i]] + 1 if parents[i] >= 0 else 0
-            b.token[i] = tok
-            b.pos[i] = base + depth[i]
-            # llama.cpp masks a token by its first sequence id; every ancestor shares it (a
+        b.n_tokens = n_new
+        for j, tok in enumerate(tokens):
+            i = n_old + j
+            b.token[j] = tok
+            b.pos[j] = base + depth[i]
+            # llama.cpp masks a token by its sequence ids; every ancestor shares them (a
             # branch through a node runs through all of its ancestors).
-            b.n_seq_id[i] = len(seqs[i])
-            for j, seq_id in enumerate(seqs[i]):
-                b.seq_id[i][j] = seq_id
-            b.logits[i] = True
+            b.n_seq_id[j] = len(seqs[i])
+            for k, seq_id in enumerate(sorted(seqs[i])):
+                b.seq_id[j][k] = seq_id
+            b.logits[j] = True
         t0 = time.perf_counter()
         rc = lib.llama_decode(self._ctx, b)
         lib.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:
+            self._tree = None
             lib.llama_memory_seq_keep(self._mem, 0)  # drop whatever of the tree was written
             raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
-        self._tree = _Tree(base, tuple(tokens), tuple(parents), tuple(map(tuple, seqs)))
-        return self._logits_view(n)
+        self._tree = _Tree(base, (*tree.tokens, *tokens), tuple(all_parents),
+                           tuple(tuple(sorted(s)) for s in seqs))
+        return self._logits_view(n_new)
 
     def keep_branch(self, path: Sequence[int]) -> None:
         """After ``decode_tree``: keep the nodes ``path`` (a root, then each node a child of the

@@ -378,3 +378,41 @@ def residual(p: Candidates, q: Candidates) -> Candidates:
 def point_mass(token: int) -> Candidates:
     """The proposal distribution of a deterministic drafter (prompt lookup, greedy draft)."""
     return Candidates(np.array([token], dtype=np.int64), np.zeros(1), np.ones(1))
+
+
+# -- a token tree's children --------------------------------------------------------------------
+def greedy_children(logits: np.ndarray, history: Sequence[int], p: SamplingParams,
+                    n: int) -> list[tuple[int, float]]:
+    """A greedy draft's ``n`` best guesses, best first, each with its probability (temperature
+    1): its top token (what ``greedy_pick`` drafts, with the same confidence), then the next.
+    One top-k pass and the confidence's band; the logits are never copied without penalties."""
+    x = apply_penalties(logits, history, p)
+    ids = _top_k_ids(x, n)
+    vals = x[ids]
+    order = np.argsort(-vals, kind="stable")
+    ids, vals = ids[order], vals[order]
+    top = int(np.argmax(x))  # the argmax itself: ties resolved as greedy_pick resolves them
+    if int(ids[0]) != top:
+        ids = np.concatenate(([top], ids[ids != top]))[:n]
+        vals = x[ids]
+    p_top = confidence(x, float(x[top]))
+    rel = np.exp(vals.astype(np.float64) - float(x[top]))
+    return [(int(t), float(p_top * r)) for t, r in zip(ids.tolist(), rel.tolist(), strict=True)]
+
+
+def coupled_children(c: Candidates, temperature: float, seed: int, position: int,
+                     n: int) -> list[tuple[int, float]]:
+    """A coupled draft's ``n`` best guesses at the target's Gumbel-max choice at ``position``,
+    best first by the same noisy score (the first is ``coupled_choice``'s token), each with
+    its probability under ``c``."""
+    first = coupled_choice(c, temperature, seed, position).token
+    if n <= 1 or c.ids.size <= 1:
+        return [(first, c.prob_of(first))]
+    scores = c.logits / temperature + gumbel_noise(seed, position, c.ids)
+    order = np.argsort(-scores, kind="stable")[:n + 1]
+    out = [(first, c.prob_of(first))]
+    for i in order.tolist():
+        tok = int(c.ids[i])
+        if tok != first and len(out) < n:
+            out.append((tok, float(c.probs[i])))
+    return out

@@ -28,7 +28,13 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     draft_rounds: int = 0
+    # Rounds that verified a token tree (wider than a chain) in one target pass.
+    tree_rounds: int = 0
     target_passes: int = 0
+    # Tokens the draft model produced (before auto trimmed what it would not verify), and the
+    # seconds of that drafting outside llama_decode: its host cost, what a GPU exposes.
+    draft_model_tokens: int = 0
+    draft_host_seconds: float = 0.0
     # Per drafter (by its registered name), for the drafters that had tokens verified.
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
     k_counts: Counter[int] = field(default_factory=Counter)
@@ -69,6 +75,18 @@ class GenerationStats:
     def mean_accepted_length(self) -> float:
         """Drafted tokens accepted per verification round that had drafts."""
         return self.accepted / self.draft_rounds if self.draft_rounds else 0.0
+
+    @property
+    def mean_tree_size(self) -> float:
+        """Drafted tokens (tree nodes; a chain's length) verified per drafting round."""
+        return self.drafted / self.draft_rounds if self.draft_rounds else 0.0
+
+    @property
+    def host_ms_per_draft_token(self) -> float:
+        """Milliseconds outside llama_decode per token the draft model drafted (its choice
+        of tokens, the tree's bookkeeping)."""
+        n = self.draft_model_tokens
+        return 1000.0 * self.draft_host_seconds / n if n else 0.0
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -124,6 +142,11 @@ class GenerationStats:
             "mean_accepted_length": round(self.mean_accepted_length, 3),
             "tokens_per_target_pass": round(self.tokens_per_target_pass, 3),
             "draft_rounds": self.draft_rounds,
+            "tree_rounds": self.tree_rounds,
+            "mean_tree_size": round(self.mean_tree_size, 3),
+            "draft_model_tokens": self.draft_model_tokens,
+            "draft_host_seconds": round(self.draft_host_seconds, 4),
+            "host_ms_per_draft_token": round(self.host_ms_per_draft_token, 4),
             "lookup_rounds": self.lookup_rounds,
             "drafters": {name: d.to_json() for name, d in self.drafters.items()},
             "target_passes": self.target_passes,
@@ -152,12 +175,12 @@ class GenerationStats:
         are recomputed, unknown keys ignored, missing ones zero."""
         counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
-                                         "decode_calls")
+                                         "decode_calls", "tree_rounds", "draft_model_tokens")
                     if isinstance(data.get(f), int)}
         timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
                                               "verify_seconds", "sample_seconds",
                                               "ttft_seconds", "total_seconds", "decode_seconds",
-                                              "calibration_seconds")
+                                              "calibration_seconds", "draft_host_seconds")
                   if isinstance(data.get(f), int | float)}
         k_counts: Counter[int] = Counter()
         for k, n in (data.get("k_counts") or {}).items():

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .base import DraftContext, Drafter
-from .proposal import Proposal
+from .proposal import Proposal, TreeRequest
 
 if TYPE_CHECKING:
     from ..llama_backend import LlamaRunner
@@ -20,11 +20,14 @@ class PromptLookupDrafter(Drafter):
     name = "lookup"
     title = "prompt lookup"
     prior_rate = 0.5
+    # Recent occurrences of an n-gram kept: the continuations a tree may offer.
+    CONTINUATIONS = 4
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
-        self._index: dict[tuple[int, ...], int] = {}
+        # Each n-gram's most recent continuations (where they start), oldest first.
+        self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed: list[int] = []
 
     @classmethod
@@ -45,19 +48,61 @@ class PromptLookupDrafter(Drafter):
                 if end - n < 0:
                     break
                 # The key is an n-gram ending at `end`; the value is where its continuation starts.
-                self._index[tuple(seq[end - n:end])] = end
+                ends = self._index.setdefault(tuple(seq[end - n:end]), [])
+                ends.append(end)
+                if len(ends) > self.CONTINUATIONS:
+                    del ends[0]
         self._indexed = list(seq)
 
-    def propose(self, ctx: DraftContext, budget: int) -> Proposal:
-        seq = ctx.seq
-        if budget <= 0 or len(seq) < self.ngram_min + 1:
-            return Proposal(source=self.name)
+    def _matches(self, seq: Sequence[int]) -> tuple[int, list[int]]:
+        """The longest suffix n-gram that occurred before, and where its continuations start
+        (most recent first); (0, []) if none did."""
+        if len(seq) < self.ngram_min + 1:
+            return 0, []
         # Index everything but the last position so a suffix never matches itself.
         self._extend_index(seq[:-1])
         for n in range(min(self.ngram_max, len(seq) - 1), self.ngram_min - 1, -1):
-            start = self._index.get(tuple(seq[-n:]))
-            if start is not None:
-                cont = list(seq[start:start + budget])
-                return Proposal(source=self.name, tokens=cont,
-                                confidences=[float(n) / self.ngram_max] * len(cont))
-        return Proposal(source=self.name)
+            ends = self._index.get(tuple(seq[-n:]))
+            if ends:
+                return n, ends[::-1]
+        return 0, []
+
+    def propose(self, ctx: DraftContext, budget: int) -> Proposal:
+        seq = ctx.seq
+        n, starts = self._matches(seq) if budget > 0 else (0, [])
+        if not starts:
+            return Proposal(source=self.name)
+        cont = list(seq[starts[0]:starts[0] + budget])
+        return Proposal(source=self.name, tokens=cont,
+                        confidences=[float(n) / self.ngram_max] * len(cont))
+
+    def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
+        """The continuations of the suffix's recent occurrences as the branches of one tree,
+        most recent first, shared beginnings merged."""
+        seq = ctx.seq
+        n, starts = self._matches(seq) if request.nodes > 0 else (0, [])
+        prop = Proposal(source=self.name)
+        child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        n_kids: dict[int, int] = {}  # children per node (-1: the roots)
+        leaves = 0
+        for start in starts:
+            node = -1
+            for tok in seq[start:start + request.depth]:
+                nxt = child.get((node, tok))
+                if nxt is None:
+                    if len(prop.tokens) >= request.nodes:
+                        break
+                    # A root, or a second child, is a new branch: the target holds so many.
+                    if node < 0 or n_kids.get(node, 0):
+                        if leaves >= request.branches:
+                            break
+                        leaves += 1
+                    n_kids[node] = n_kids.get(node, 0) + 1
+                    nxt = child[(node, tok)] = len(prop.tokens)
+                    prop.tokens.append(tok)
+                    prop.parents.append(node)
+                node = nxt
+        prop.confidences = [float(n) / self.ngram_max] * len(prop.tokens)
+        if prop.is_chain:
+            prop.parents = []
+        return prop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -9,9 +10,11 @@ from typing import TYPE_CHECKING
 from ...errors import LocalspecError
 from .. import activity
 from .base import DraftContext, Drafter
-from .proposal import Proposal
+from .proposal import Proposal, TreeRequest
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..llama_backend import LlamaRunner
     from .base import DraftSettings
 
@@ -50,6 +53,7 @@ class ModelDrafter(Drafter):
         if pick is None:
             raise ValueError("a model drafter needs DraftContext.pick")
         t0 = time.perf_counter()
+        decoded_before = self.runner.decode_seconds
         prop.catch_up_tokens = self.behind(seq)
         activity.report("drafting", self.runner.path)
         logits = self.runner.sync(seq, 1)[0]
@@ -68,5 +72,85 @@ class ModelDrafter(Drafter):
             t_step = time.perf_counter()
             logits = self.runner.decode([tok], 1)[0]
             prop.step_seconds.append(time.perf_counter() - t_step)
+        prop.decode_seconds = self.runner.decode_seconds - decoded_before
         prop.seconds = time.perf_counter() - t0
         return prop
+
+    def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
+        """A token tree, best first by each node's calibrated chance that its path is accepted
+        (``request.estimate`` of its confidence, times its parent's), one draft pass per
+        level: every candidate at or above ``request.floor`` joins the tree within its budget,
+        and the new nodes are decoded together to give the next candidates."""
+        children = request.children
+        if children is None:
+            raise ValueError("a model drafter's tree needs TreeRequest.children")
+        prop = Proposal(source=self.name)
+        if request.nodes <= 0 or request.depth <= 0:
+            return prop
+        t0 = time.perf_counter()
+        decoded_before = self.runner.decode_seconds
+        seq = list(ctx.seq)
+        prop.catch_up_tokens = self.behind(seq)
+        activity.report("drafting", self.runner.path)
+        path_p: list[float] = []
+        depth: list[int] = []
+        n_children: list[int] = []
+        # Candidates: (-P, order, parent, token, confidence, depth); order: first come first.
+        heap: list[tuple[float, int, int, int, float, int]] = []
+        order = 0
+
+        def expand(rows: Sequence[np.ndarray], nodes: list[int]) -> None:
+            nonlocal order
+            for row, node in zip(rows, nodes, strict=True):
+                d = depth[node] + 1 if node >= 0 else 0
+                history = (seq + [prop.tokens[i] for i in _path(prop.parents, node)]
+                           if node >= 0 else seq)
+                base = path_p[node] if node >= 0 else 1.0
+                for tok, conf in children(row, history, d, request.width):
+                    heapq.heappush(heap, (-base * request.estimate(conf), order, node, tok,
+                                          conf, d))
+                    order += 1
+
+        expand([self.runner.sync(seq, 1)[0]], [-1])
+        leaves = 0
+        while heap and len(prop.tokens) < request.nodes:
+            new: list[int] = []
+            while heap and len(prop.tokens) < request.nodes:
+                neg_p, _, parent, tok, conf, d = heap[0]
+                if -neg_p < request.floor and prop.tokens:
+                    break
+                heapq.heappop(heap)
+                # A root, or a second child, is a new branch: the target holds so many.
+                new_leaf = parent < 0 or n_children[parent] > 0
+                if new_leaf and leaves >= request.branches:
+                    continue
+                leaves += new_leaf
+                if parent >= 0:
+                    n_children[parent] += 1
+                new.append(len(prop.tokens))
+                prop.tokens.append(tok)
+                prop.confidences.append(conf)
+                prop.parents.append(parent)
+                path_p.append(-neg_p)
+                depth.append(d)
+                n_children.append(0)
+            grow = [i for i in new if depth[i] + 1 < request.depth]
+            if not grow or len(prop.tokens) >= request.nodes:
+                break
+            # One draft pass for the level: the new nodes, each attending to its own path.
+            rows = self.runner.extend_tree([prop.tokens[i] for i in new],
+                                           [prop.parents[i] for i in new])
+            expand([rows[new.index(i)] for i in grow], grow)
+        if prop.is_chain:
+            prop.parents = []
+        prop.decode_seconds = self.runner.decode_seconds - decoded_before
+        prop.seconds = time.perf_counter() - t0
+        return prop
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]

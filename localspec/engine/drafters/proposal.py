@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..sampling import Candidates
 
 # The parent of a tree's roots: the last accepted token, which the drafted tokens continue.
@@ -24,6 +27,27 @@ def check_tree(parents: list[int], n: int) -> None:
     for i, p in enumerate(parents):
         if not ROOT <= p < i:
             raise ValueError(f"node {i}'s parent {p} is not an earlier node or {ROOT}")
+
+
+# children(logits, history, depth, n) -> up to n (token, confidence) pairs, best first: the
+# draft's guesses at the target's choice after ``history`` (the first is what a chain drafts).
+Children = Callable[["np.ndarray", list[int], int, int], list[tuple[int, float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeRequest:
+    """What the planner asks of a drafter that can propose a token tree: at most ``nodes``
+    tokens in at most ``depth`` levels and ``branches`` leaves, each node's path accepted with
+    probability at least ``floor`` (by ``estimate``, the calibrated acceptance of a drafted
+    token of that confidence), at most ``width`` children per node."""
+
+    nodes: int
+    depth: int
+    branches: int
+    width: int
+    floor: float
+    estimate: Callable[[float], float]
+    children: Children | None = None
 
 
 @dataclass(slots=True)
@@ -48,6 +72,8 @@ class Proposal:
     # The controller's acceptance estimate per drafted token (filled as it decides).
     estimates: list[float] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
+    # Seconds of those decodes inside llama.cpp: the rest of ``seconds`` is host time.
+    decode_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tokens and not self.confidences:
@@ -84,3 +110,36 @@ class Proposal:
         del self.parents[n:]
         if self.dists is not None:
             del self.dists[n:]
+
+    def depths(self) -> list[int]:
+        """Each node's depth (a root's is 0)."""
+        out: list[int] = []
+        for p in self.parent_list():
+            out.append(out[p] + 1 if p >= 0 else 0)
+        return out
+
+    def children(self) -> list[list[int]]:
+        """Each node's children, and last (index -1) the roots, in node order."""
+        kids: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for i, p in enumerate(self.parent_list()):
+            kids[p].append(i)
+        return kids
+
+    def keep_nodes(self, keep: Sequence[int]) -> None:
+        """Keep only the nodes ``keep`` (each one's parent kept too), in node order."""
+        kept = sorted(set(keep))
+        if len(kept) == len(self.tokens):
+            return
+        new_index = {old: new for new, old in enumerate(kept)}
+        parents = self.parent_list()
+        if len(self.estimates) == len(self.tokens):
+            self.estimates = [self.estimates[i] for i in kept]
+        else:
+            self.estimates = []
+        self.parents = [new_index[parents[i]] if parents[i] >= 0 else ROOT for i in kept]
+        self.tokens = [self.tokens[i] for i in kept]
+        self.confidences = [self.confidences[i] for i in kept]
+        if self.dists is not None:
+            self.dists = [self.dists[i] for i in kept]
+        if self.is_chain:
+            self.parents = []

@@ -1,0 +1,156 @@
+"""Choosing the token tree to draft: how many nodes, in what shape, from the measured costs.
+
+A step that verifies a tree yields its accepted branch plus the target's own next token, so it
+yields ``1 + sum(P(node))`` tokens on average, P(node) being the probability that the path from
+the root to that node is accepted (every node on it equals the target's choice). It costs one
+target pass over all nodes, plus one draft pass per level but the last. Where a target pass
+over many tokens costs about what one costs (a GPU, an offloaded model), the best use of the
+pass is a wide tree; where it climbs steeply (a small CPU), a short chain or nothing.
+
+Nodes are chosen best first by P (SpecInfer, Sequoia, EAGLE-2 choose the same way): a child's P
+is its parent's times its own chance of matching given the parent matched, so best-first order
+always lists a parent before its children, and every prefix of it is a tree. The plan is the
+prefix with the most expected tokens per second, zero nodes (plain decoding) included.
+
+Pure: no llama.cpp, no engine state; the controller feeds it acceptance rates and costs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class TreeCosts(Protocol):
+    """The seconds a plan weighs (``controller.CostModel`` is one)."""
+
+    def verify(self, n: int) -> float:
+        """One target pass over ``n`` tokens."""
+
+    def draft_pass(self, width: int) -> float:
+        """One draft pass over ``width`` tree nodes (one level)."""
+
+    def draft_start(self) -> float:
+        """The draft's first pass of a step (catching up on the tokens the last step added)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TreePlan:
+    """A tree to draft: ``nodes`` tokens in ``depth`` levels with ``branches`` leaves, at most
+    ``width`` children per node; ``floor``: the least path probability among its nodes."""
+
+    nodes: int
+    depth: int
+    width: int
+    branches: int
+    expected: float  # tokens a step yields on average (accepted + the target's own)
+    seconds: float  # a step's expected seconds: drafting and verification
+    floor: float
+
+    @property
+    def rate(self) -> float:
+        return self.expected / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def is_chain(self) -> bool:
+        return self.width <= 1
+
+
+def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: TreeCosts, *,
+         max_nodes: int, max_branches: int, max_width: int | None = None,
+         tie: float = 0.0) -> TreePlan:
+    """The best tree by expected tokens per second.
+
+    ``depth_rates[d]``: P(the draft's first guess at depth d matches | its parent matched),
+    what a chain sees; ``sibling_rates[r - 1]``: the same for its r-th other guess (rank r).
+    ``tie``: the chance a verified position is a near-tie the guard leaves undecided (it
+    yields what a rejection does, then costs a one-token pass). ``max_width`` 1 asks for the
+    best chain."""
+    width_cap = 1 + len(sibling_rates) if max_width is None else min(max_width,
+                                                                     1 + len(sibling_rates))
+    plain = TreePlan(0, 0, 0, 0, 1.0, costs.verify(1) * (1.0 + tie), 1.0)
+    if max_nodes <= 0 or not depth_rates or width_cap <= 0:
+        return plain
+    keep = 1.0 - tie
+    # Candidates: (-P, order, parent, depth, rank). ``order`` breaks ties first come first.
+    heap: list[tuple[float, int, int, int, int]] = [(-keep * depth_rates[0], 0, -1, 0, 0)]
+    order = 1
+    depth_of: list[int] = []
+    node_p: list[float] = []
+    n_children: list[int] = []
+    level: list[int] = []  # nodes per depth
+    roots, leaves, widest, total = 0, 0, 0, 0.0
+    best = plain
+    while heap and len(depth_of) < max_nodes:
+        neg_p, _, parent, depth, rank = heapq.heappop(heap)
+        p = -neg_p
+        # A root, or a second child of a node, is a new leaf; a first child replaces one.
+        if (parent < 0 or n_children[parent] > 0) and leaves >= max_branches:
+            continue
+        node = len(depth_of)
+        depth_of.append(depth)
+        node_p.append(p)
+        n_children.append(0)
+        if parent < 0:
+            leaves += 1
+            roots += 1
+            widest = max(widest, roots)
+        else:
+            leaves += 1 if n_children[parent] else 0
+            n_children[parent] += 1
+            widest = max(widest, n_children[parent])
+        if depth == len(level):
+            level.append(0)
+        level[depth] += 1
+        total += p
+        expected = 1.0 + total
+        drafting = costs.draft_start() + sum(costs.draft_pass(w) for w in level[:-1])
+        seconds = costs.verify(len(depth_of) + 1) + tie * costs.verify(1) * expected + drafting
+        if expected / seconds > best.rate:
+            best = TreePlan(len(depth_of), len(level), widest, leaves, expected, seconds, p)
+        # Its first child, and its own next sibling (the next rank under the same parent).
+        if depth + 1 < len(depth_rates):
+            heapq.heappush(heap, (-p * keep * depth_rates[depth + 1], order, node, depth + 1, 0))
+            order += 1
+        if rank + 1 < width_cap:
+            parent_p = node_p[parent] if parent >= 0 else 1.0
+            heapq.heappush(heap, (-parent_p * keep * sibling_rates[rank], order, parent, depth,
+                                  rank + 1))
+            order += 1
+    return best
+
+
+def path_probabilities(estimates: Sequence[float], parents: Sequence[int]) -> list[float]:
+    """Each node's P(its path is accepted): the product of the estimates along it."""
+    out: list[float] = []
+    for est, parent in zip(estimates, parents, strict=True):
+        out.append(est * (out[parent] if parent >= 0 else 1.0))
+    return out
+
+
+def select(path_p: Sequence[float], parents: Sequence[int], costs: TreeCosts, price: float,
+           tie: float = 0.0) -> list[int]:
+    """The nodes of a drafted tree worth verifying, its drafting already paid for: the best
+    first prefix by path probability whose expected tokens less its verification seconds at
+    ``price`` (tokens a second is worth) is largest. Nodes come back in node order."""
+    ranked = sorted(range(len(path_p)), key=lambda i: (-path_p[i], i))
+    kept: set[int] = set()
+    chosen: list[int] = []
+    total = 0.0
+    best_value = 1.0 - price * costs.verify(1) * (1.0 + tie)
+    best_n = 0
+    keep = 1.0 - tie
+    for i in ranked:
+        if parents[i] >= 0 and parents[i] not in kept:
+            continue  # an estimate above its parent's (a rounding): wait for the parent
+        kept.add(i)
+        chosen.append(i)
+        total += keep * path_p[i]
+        expected = 1.0 + total
+        value = expected - price * (costs.verify(len(chosen) + 1)
+                                    + tie * costs.verify(1) * expected)
+        if value > best_value:
+            best_value, best_n = value, len(chosen)
+    return sorted(chosen[:best_n])

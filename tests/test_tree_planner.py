@@ -1,0 +1,145 @@
+"""The tree planner on hand-built cost tables: a chain (or nothing) where verification climbs
+steeply, a wide tree where a pass over many tokens costs about what one costs; the controller's
+use of it and what a verified tree teaches the acceptance model."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.engine import tree_planner
+from localspec.engine.controller import AcceptanceModel, CostModel, DraftController
+from localspec.engine.drafters import Proposal
+
+# Verification as a multiple of a one-token pass, as measured for the issue (2-core CPU) and as
+# a memory-bound GPU (flat to 64 tokens, a 7% step at each doubling after).
+CPU_F16 = {1: 1.0, 4: 1.30, 8: 1.72, 16: 2.47, 32: 3.95, 64: 7.43}
+CPU_Q4 = {1: 1.0, 4: 2.47, 8: 2.92, 16: 3.13, 32: 4.60, 64: 8.0}
+LINEAR = {n: float(n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+GPU = {1: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08, 64: 1.15, 128: 1.3, 256: 1.6}
+DEPTH = [0.7] * 32
+SIBLINGS = [0.15, 0.07, 0.03]
+
+
+def _costs(curve: dict[int, float], draft: float = 0.05, t1: float = 0.02) -> CostModel:
+    """A cost model from a curve in one-token passes (t1 seconds each); a draft token costs
+    ``draft`` of a target pass, as a 0.5B draft beside a 7B target."""
+    points = {n: t1 * r for n, r in curve.items()}
+    table = {n: t1 * _interp(curve, n) for n in range(1, 14)}
+    return CostModel.from_measurements({**table, **points}, 12, draft * t1)
+
+
+def _interp(curve: dict[int, float], n: int) -> float:
+    ns = sorted(curve)
+    lo = max(m for m in ns if m <= n)
+    hi = min((m for m in ns if m >= n), default=lo)
+    return curve[lo] if hi == lo else curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
+
+
+def _plan(curve: dict[int, float], **kw: object) -> tree_planner.TreePlan:
+    args: dict[str, object] = {"max_nodes": 255, "max_branches": 32, **kw}
+    return tree_planner.plan(DEPTH, SIBLINGS, _costs(curve), **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("curve", [CPU_F16, CPU_Q4], ids=["cpu-f16", "cpu-q4_k_m"])
+def test_a_steep_curve_gets_a_short_chain(curve: dict[int, float]) -> None:
+    plan = _plan(curve)
+    assert plan.is_chain and 1 <= plan.nodes <= 4
+    assert plan.rate == pytest.approx(_plan(curve, max_width=1).rate)
+    assert plan.rate * _costs(curve).verify(1) > 1.0  # it beats plain decoding
+
+
+def test_a_linear_curve_decodes_plainly() -> None:
+    """Each verified token costing a pass: no draft can pay, plain decoding is the plan."""
+    plan = _plan(LINEAR)
+    assert plan.nodes == 0 and plan.is_chain
+
+
+def test_a_flat_curve_gets_a_wide_tree() -> None:
+    tree, chain = _plan(GPU), _plan(GPU, max_width=1)
+    assert not tree.is_chain and tree.width > 1 and tree.branches > 4
+    assert tree.nodes > 4 * chain.nodes // 3 and tree.depth > 2
+    assert tree.rate > 1.1 * chain.rate
+    # Expected tokens per step: one plus the path probabilities, each at most 1.
+    assert 1.0 < tree.expected <= 1.0 + tree.nodes
+    assert 0.0 < tree.floor < 0.7
+
+
+def test_plans_stay_within_what_a_pass_holds() -> None:
+    for nodes, branches in ((8, 2), (40, 3), (255, 1)):
+        plan = _plan(GPU, max_nodes=nodes, max_branches=branches)
+        assert plan.nodes <= nodes and plan.branches <= branches
+    assert _plan(GPU, max_branches=1).is_chain
+
+
+def test_near_ties_make_trees_smaller() -> None:
+    assert _plan(GPU, tie=0.3).expected < _plan(GPU).expected
+
+
+def test_select_keeps_a_best_first_prefix_that_is_a_tree() -> None:
+    #     0 (0.9) - 1 (0.8) - 3 (0.7)
+    #             \ 2 (0.05)
+    #   4 (0.04)
+    parents = [-1, 0, 0, 1, -1]
+    path_p = tree_planner.path_probabilities([0.9, 0.89, 0.055, 0.875, 0.04], parents)
+    assert path_p[3] == pytest.approx(0.9 * 0.89 * 0.875)
+    # A GPU's pass: a node is worth verifying if it adds more than its seconds cost.
+    costs = _costs(GPU)
+    price = 2.0 / costs.verify(1)
+    assert tree_planner.select(path_p, parents, costs, price) == [0, 1, 2, 3, 4]
+    steep = _costs(LINEAR)
+    # Each node costs a pass: at half a token per pass's seconds, nodes below 0.5 do not pay.
+    kept = tree_planner.select(path_p, parents, steep, 0.5 / steep.verify(1))
+    assert kept == [0, 1, 3]  # the unlikely ones are dropped, a parent is never
+    assert tree_planner.select(path_p, parents, steep, 100.0 / steep.verify(1)) == []
+
+
+def test_cost_model_prices_wide_passes_between_measurements() -> None:
+    costs = _costs(GPU)
+    assert costs.widest == 256
+    assert costs.verify(13) == pytest.approx(0.02 * _interp(GPU, 13))
+    assert costs.verify(48) == pytest.approx(0.02 * (1.08 + (1.15 - 1.08) * 16 / 32))
+    assert costs.verify(300) > costs.verify(256)  # past the widest, along the last slope
+    assert costs.draft_pass(1) == costs.draft_token
+    assert costs.draft_pass(64) == pytest.approx(costs.draft_token * 1.15)
+
+
+def _controller(curve: dict[int, float]) -> DraftController:
+    acc = {"model": AcceptanceModel(prior_rate=0.7)}
+    return DraftController(_costs(curve), 12, acceptance=acc, model="model")
+
+
+def test_the_controller_asks_for_trees_only_where_they_pay() -> None:
+    assert _controller(CPU_Q4).tree_plan(room=100, max_nodes=255, branches=32) is None
+    plan = _controller(GPU).tree_plan(room=100, max_nodes=255, branches=32)
+    assert plan is not None and not plan.is_chain
+    # A fixed K is a chain; so is a runner that holds one branch; the path fits the room.
+    fixed = DraftController(_costs(GPU), 4, fixed_k=4, model="model")
+    assert fixed.tree_plan(room=100, max_nodes=255, branches=32) is None
+    assert _controller(GPU).tree_plan(room=100, max_nodes=255, branches=1) is None
+    short = _controller(GPU).tree_plan(room=2, max_nodes=255, branches=32)
+    assert short is None or short.depth <= 2
+    # Only measured widths are priced: a calibration up to 13 tokens plans at most 12 nodes.
+    narrow = DraftController(CostModel.from_measurements({1: 0.02, 13: 0.021}, 12, 0.001),
+                             12, acceptance={"model": AcceptanceModel(0.7)}, model="model")
+    small = narrow.tree_plan(room=100, max_nodes=255, branches=32)
+    assert small is not None and small.nodes <= 12
+
+
+def test_a_verified_tree_teaches_depths_siblings_and_bins() -> None:
+    #   0 (first guess) - 2
+    #   1 (second guess, conf 0.25)
+    prop = Proposal(source="model", tokens=[10, 11, 12], confidences=[0.6, 0.25, 0.9],
+                    parents=[-1, -1, 0])
+    ctl = _controller(GPU)
+    acc = ctl.model_acc
+    before_sib, before_depth = acc.sibling_rates[0], acc.rates[0]
+    # The target chose 11 (the second guess), then something else: the first guess was
+    # rejected at depth 0 as a chain would have been; the second guess was right.
+    ctl.observe_tree(prop, [1], [11, 99])
+    assert acc.sibling_rates[0] > before_sib
+    assert acc.rates[0] < before_depth
+    b = int(0.25 * 10)
+    assert acc.seen[b] == 1 and acc.hits[b] == 1
+    # Accepted along the first guesses, then a near-tie: the tie is neither outcome.
+    ctl.observe_tree(prop, [0, 2], [10, 12, None])
+    assert acc.seen[int(0.9 * 10)] == 1 and acc.hits[int(0.9 * 10)] == 1
