@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "drafting off")
     p.add_argument("--sweep-k", type=_k_list, default=(), metavar="K,K,...",
                    help="also run each fixed K beside auto, and compare auto with the best")
+    p.add_argument("--tree", choices=("on", "off"), default="on",
+                   help="auto may draft token trees where the measured costs make them pay "
+                        "(default on); off: always a chain")
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     r = p.add_argument_group("remote (any OpenAI-compatible server)")
@@ -122,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = BenchConfig(
             max_tokens=settings.max_tokens, repeats=args.repeats, raw=args.raw,
             sampling=sampling_params(settings),
-            draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
-                                 engine.draft is not None),
+            draft=replace(draft_settings(replace(settings, draft_mode=spec.draft_mode),
+                                         engine.draft is not None), tree=args.tree == "on"),
             baseline=args.baseline, sweep=args.sweep_k)
         llama = _baseline_llama(engine) if args.baseline == "llama-cpp-python" else None
         n_runs = len(prompts) * args.repeats * (2 + len(cfg.sweep) + (llama is not None))

@@ -26,15 +26,26 @@ from .controller import (
     PeekSchedule,
     fill_acceptance,
 )
-from .drafters import NO_DRAFT, DraftContext, Drafter, DraftSettings, Pick, Proposal
-from .llama_backend import LlamaRunner, ModelSettings
+from .drafters import (
+    NO_DRAFT,
+    DraftContext,
+    Drafter,
+    DraftSettings,
+    Pick,
+    Proposal,
+    TreeRequest,
+)
+from .drafters.proposal import Children
+from .llama_backend import LlamaRunner, ModelSettings, max_branches
 from .sampling import (
     AcceptRule,
     Candidates,
     Choice,
     SamplingParams,
     candidates,
+    coupled_children,
     coupled_choice,
+    greedy_children,
     greedy_choice,
     greedy_pick,
     greedy_token,
@@ -55,6 +66,12 @@ EXACT_DRIFT_LIMIT = 0.125
 # drifts 0 logits in the first 32 positions and up to 0.08 after them.
 QUANTIZED_TIE_FLOOR = 0.2
 
+
+# Token trees (see tree_planner): the branches one target pass may hold (each a sequence of
+# the runners' KV caches), the most nodes and the most children per node a tree may have.
+TREE_BRANCHES = 32
+TREE_MAX_NODES = 256
+TREE_WIDTH = 4
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -159,14 +176,18 @@ class SpeculativeEngine:
             validate_pair(target_path, draft_path)
         else:
             read_gguf_info(target_path)
-        target = LlamaRunner(target_path, target_settings)
+        # Both runners can hold token trees: a context with room for TREE_BRANCHES sequences
+        # decodes chains exactly as a single-sequence one (tests/test_token_tree.py).
+        target = LlamaRunner(target_path, target_settings,
+                             branches=min(TREE_BRANCHES, max_branches(target_settings)))
         draft = None
         try:
             if draft_path is not None:
                 ds = draft_settings or ModelSettings(n_ctx=target_settings.n_ctx,
                                                      n_threads=target_settings.n_threads,
                                                      repack=target_settings.repack)
-                draft = LlamaRunner(draft_path, ds)
+                draft = LlamaRunner(draft_path, ds,
+                                    branches=min(TREE_BRANCHES, max_branches(ds)))
             return cls(target, draft, k_max=k_max)
         except BaseException:
             target.close()
@@ -381,6 +402,10 @@ class SpeculativeEngine:
             room = min(run.max_new - len(run.out) - 1, self.target.n_ctx - len(run.seq) - 1)
             prop = self._propose(run, controller, room)
             k = len(prop.tokens)
+            if not prop.is_chain:
+                new, n_acc = self._tree_step(run, controller, prop)
+                yield from self._emit(run, new, n_drafted=n_acc)
+                continue
             t0 = time.perf_counter()
             activity.report("verifying" if k else "decoding", self.target.path)
             logits = self.target.sync(run.seq + prop.tokens, k + 1)
@@ -420,6 +445,69 @@ class SpeculativeEngine:
                                   - run.calibration_decode_calls)
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
+
+    def _tree_step(self, run: _Run, controller: DraftController,
+                   prop: Proposal) -> tuple[list[int], int]:
+        """Verify a token tree in one target pass and keep its accepted branch in the KV
+        cache; return the tokens the step yields (the branch, then the target's own token
+        unless a near-tie left that position to the next step) and how many were drafted."""
+        k = len(prop.tokens)
+        t0 = time.perf_counter()
+        activity.report("verifying", self.target.path)
+        # The last accepted token is the tree's root node: its logits are the first choice's.
+        prefix = run.seq[:-1]
+        keep = self.target.common_prefix(prefix)
+        self.target.truncate(keep)
+        if keep < len(prefix):  # the cache fell behind (not after a step): catch it up
+            self.target.decode(prefix[keep:], 1)
+        parents = [-1] + [p + 1 for p in prop.parent_list()]
+        logits = self.target.decode_tree([run.seq[-1], *prop.tokens], parents)
+        dt = time.perf_counter() - t0
+        run.stats.verify_seconds += dt
+        run.stats.target_passes += 1
+        self._costs.observe_verify(k + 1, dt)
+        t0 = time.perf_counter()
+        path, nxt, choices = self._verify_tree(run, prop, logits)
+        self.target.keep_branch([0, *(i + 1 for i in path)])
+        run.stats.sample_seconds += time.perf_counter() - t0
+        run.plain_next = nxt is None
+        controller.observe_tree(prop, path, choices)
+        s = run.stats
+        s.drafted += k
+        s.accepted += len(path)
+        s.draft_rounds += 1
+        s.tree_rounds += 1
+        s.count_round(prop.source, k, len(path))
+        s.k_counts[k] += 1
+        return [prop.tokens[i] for i in path] + ([nxt] if nxt is not None else []), len(path)
+
+    def _verify_tree(self, run: _Run, prop: Proposal,
+                     logits: np.ndarray) -> tuple[list[int], int | None, list[int | None]]:
+        """The accepted branch of a tree: from the root, the child equal to the target's
+        choice, as long as there is one (greedy or coupled: the choice at a position does not
+        depend on what was drafted). Returns its nodes, the next token (None: a near-tie, as
+        in ``_verify``) and the target's choice after each accepted prefix. ``logits`` row 0
+        is the last accepted token's, row i + 1 node i's."""
+        kids = prop.children()
+        hist = list(run.seq)
+        base = len(run.out)
+        guard = self.tie_margin > 0
+        path: list[int] = []
+        choices: list[int | None] = []
+        node = -1
+        while True:
+            below = kids[node]
+            choice = self._choose(logits[node + 1], hist, run, base + len(path), guard)
+            if guard and choice.margin < self.tie_margin:
+                choices.append(None)
+                return path, None, choices
+            choices.append(choice.token)
+            nxt = next((c for c in below if prop.tokens[c] == choice.token), None)
+            if nxt is None:
+                return path, choice.token, choices
+            path.append(nxt)
+            hist.append(choice.token)
+            node = nxt
 
     def _decode_seconds(self) -> float:
         return self.target.decode_seconds + (self.draft.decode_seconds if self.draft else 0.0)
@@ -510,6 +598,14 @@ class SpeculativeEngine:
             return Proposal(source=NO_DRAFT)
         cap = min(room, ds.k if ds.k is not None else controller.k_max)
         ctx = DraftContext(run.seq, self._draft_pick(run), controller.keep_going)
+        tree = self._tree_request(run, controller, room, primary)
+        if not primary.costly and tree is not None:
+            cand = primary.propose_tree(ctx, tree)
+            if not cand.is_chain:
+                controller.trim_tree(cand)
+                return cand
+            cand.truncate(min(cap, controller.trim(cand)))
+            return cand
         if not primary.costly:
             cand = primary.propose(ctx, cap)
             cand.truncate(controller.trim(cand))
@@ -518,6 +614,13 @@ class SpeculativeEngine:
         if free is not None:
             free.truncate(controller.trim(free))
             return free
+        if tree is not None:
+            prop = primary.propose_tree(ctx, tree)
+            run.stats.draft_seconds += prop.seconds
+            run.stats.draft_host_seconds += prop.seconds - prop.decode_seconds
+            run.stats.draft_model_tokens += len(prop.tokens)
+            controller.trim_tree(prop)
+            return prop
         if not controller.model_worth_trying(cap):
             if ds.k is not None or not controller.should_peek(
                     cap, lambda: primary.behind(run.seq), room):
@@ -525,6 +628,8 @@ class SpeculativeEngine:
             controller.start_peek()
         prop = primary.propose(ctx, cap)
         run.stats.draft_seconds += prop.seconds
+        run.stats.draft_host_seconds += prop.seconds - prop.decode_seconds
+        run.stats.draft_model_tokens += len(prop.tokens)
         stepped = sum(prop.step_seconds)
         if prop.step_seconds:
             self._costs.observe_draft(stepped / len(prop.step_seconds))
@@ -534,6 +639,44 @@ class SpeculativeEngine:
         self._costs.observe_catch_up(prop.catch_up_tokens, first)
         prop.truncate(controller.trim(prop))
         return prop
+
+    def _tree_request(self, run: _Run, controller: DraftController, room: int,
+                      drafter: Drafter) -> TreeRequest | None:
+        """The tree the planner asks ``drafter`` for this step, or None for a chain: trees
+        are auto's (a fixed K is a chain), for greedy and coupled requests only (their
+        choice at a position does not depend on what was drafted, so any branch can be
+        checked; rejection and match sampling keep chains), where both runners hold them."""
+        ds = run.req.draft
+        if not ds.tree or ds.k is not None or run.rule not in ("greedy", "coupled"):
+            return None
+        branches = self.target.branches
+        if drafter.costly:
+            branches = min(branches, self.draft.branches if self.draft is not None else 0)
+        # The tree and the last accepted token go in one batch, within the context.
+        max_nodes = min(TREE_MAX_NODES, self.target.n_batch - 1,
+                        self.target.n_ctx - len(run.seq) - 1)
+        plan = controller.tree_plan(room, max_nodes, branches, drafter.name)
+        if plan is None:
+            return None
+        return TreeRequest(nodes=plan.nodes, depth=plan.depth, branches=branches,
+                           width=TREE_WIDTH, floor=plan.floor,
+                           estimate=controller.acceptance[drafter.name].estimate,
+                           children=self._draft_children(run) if drafter.costly else None)
+
+    def _draft_children(self, run: _Run) -> Children:
+        """How the draft model ranks a tree node's children under this request's rule: its
+        guesses at the target's choice, the first what a chain would draft."""
+        sp = run.req.sampling
+        base = len(run.out)
+
+        def children(logits: np.ndarray, history: list[int], depth: int,
+                     n: int) -> list[tuple[int, float]]:
+            if run.rule == "greedy":
+                return greedy_children(logits, history, sp, n)
+            return coupled_children(candidates(logits, history, sp), sp.temperature, run.seed,
+                                    base + depth, n)
+
+        return children
 
     @staticmethod
     def _free_proposal(run: _Run, controller: DraftController, ctx: DraftContext,

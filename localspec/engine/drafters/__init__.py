@@ -25,13 +25,14 @@ from .base import (
 )
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
-from .proposal import ROOT, Proposal, chain, check_tree
+from .proposal import ROOT, Proposal, TreeRequest, chain, check_tree
 
 register(ModelDrafter)
 register(PromptLookupDrafter)
 
 __all__ = [
     "NO_DRAFT", "ROOT", "DraftContext", "DraftMode", "DraftSettings", "Drafter", "KeepGoing",
-    "ModelDrafter", "Pick", "PromptLookupDrafter", "Proposal", "chain", "check_tree",
-    "costly_default", "create", "draft_modes", "get", "names", "register", "unregister",
+    "ModelDrafter", "Pick", "PromptLookupDrafter", "Proposal", "TreeRequest", "chain",
+    "check_tree", "costly_default", "create", "draft_modes", "get", "names", "register",
+    "unregister",
 ]

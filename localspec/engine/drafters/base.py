@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from ... import params
 from ...errors import LocalspecError
-from .proposal import Proposal
+from .proposal import Proposal, TreeRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,6 +72,11 @@ class Drafter(abc.ABC):
     @abc.abstractmethod
     def propose(self, ctx: DraftContext, budget: int) -> Proposal:
         """At most ``budget`` tokens to continue ``ctx.seq`` (none: a plain step)."""
+
+    def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
+        """A token tree within ``request`` (the planner's). A drafter of chains keeps this
+        default: its chain, as long as the tree may be deep, is the width-1 tree."""
+        return self.propose(ctx, request.depth)
 
     def observe(self, proposal: Proposal, n_accepted: int) -> None:
         """The target accepted the first ``n_accepted`` tokens of ``proposal`` (a drafter that
@@ -145,7 +150,9 @@ class DraftSettings:
 
     ``rule`` applies to sampled requests: ``coupled`` (the default through ``auto``) makes the
     text a function of the seed alone, whatever is drafted. ``exact``: auto drafting only where
-    batched logits do not drift (see ``decoder.EXACT_DRIFT_LIMIT``)."""
+    batched logits do not drift (see ``decoder.EXACT_DRIFT_LIMIT``). ``tree``: under auto,
+    greedy and coupled requests draft a token tree where the measured costs make one pay more
+    than a chain (``tree_planner``); off, always a chain."""
 
     mode: DraftMode = "model"
     k: int | None = None
@@ -154,6 +161,7 @@ class DraftSettings:
     exact: bool = False
     lookup_ngram_max: int = 4
     lookup_ngram_min: int = 2
+    tree: bool = True
 
     def validate(self, has_draft_model: bool) -> None:
         params.check("draft_mode", self.mode)  # the registry's modes now (see _publish)
@@ -161,6 +169,8 @@ class DraftSettings:
         params.check("k_max", self.k_max)
         params.check("accept_rule", self.rule)
         params.check("exact", self.exact)
+        if not isinstance(self.tree, bool):
+            raise LocalspecError(f"tree must be true or false, got {self.tree!r}")
         if self.mode != NO_DRAFT and get(self.mode).needs_draft_model and not has_draft_model:
             raise LocalspecError(
                 f"draft mode {self.mode!r} needs a draft model (or use --draft-mode lookup)")

@@ -1,0 +1,172 @@
+"""Token trees end to end, on F32, Q8_0 and Q4_K_M: greedy output is the target's own, seeded
+coupled text is the same whether drafted as a tree, a chain or not at all, and after every
+step the target's KV cache holds exactly the accepted branch (rollbacks past n_batch too).
+
+This CPU's verification cost climbs steeply, where the planner keeps chains; trees are
+exercised by deciding with a memory-bound device's costs (``use_calibration(learn=False)``,
+the engine's what-if), never by a switch for tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from localspec.engine import ModelSettings, SamplingParams, SpeculativeEngine
+from localspec.engine.calibration import Calibration
+from localspec.engine.drafters import DraftContext, PromptLookupDrafter, TreeRequest
+from localspec.engine.llama_backend import LlamaRunner
+
+from .engine_helpers import PROMPTS, run
+
+# A memory-bound device's costs (verifying 64 tokens costs 1.25 one-token passes), with the
+# draft 20x cheaper than the target: where the planner drafts wide trees.
+FLAT = Calibration({1: 0.010, **{n: 0.010 + 0.00005 * n for n in range(2, 14)}, 16: 0.0109,
+                    32: 0.0115, 64: 0.0125, 128: 0.014, 256: 0.018}, 0.0005, 0.0)
+SETTINGS = ModelSettings(n_ctx=1024)
+
+
+@pytest.fixture
+def engine(pair: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
+    with SpeculativeEngine.load(*pair, SETTINGS) as eng:
+        eng.use_calibration(FLAT, learn=False)
+        yield eng
+
+
+def _cache_holds_exactly(runner: LlamaRunner, tokens: list[int]) -> None:
+    """Sequence 0 holds positions 0 .. len - 1 and no branch sequence holds any cell (reads
+    llama.cpp's memory API through the runner's handles: the test's only look inside)."""
+    lib, mem = runner._lib, runner._mem
+    assert runner.tokens == tokens
+    assert lib.llama_memory_seq_pos_min(mem, 0) == (0 if tokens else -1)
+    assert lib.llama_memory_seq_pos_max(mem, 0) == len(tokens) - 1
+    for seq_id in range(1, runner.branches + 1):
+        assert lib.llama_memory_seq_pos_max(mem, seq_id) == -1, seq_id
+
+
+def test_greedy_trees_are_the_targets_output(engine: SpeculativeEngine) -> None:
+    trees = 0
+    for prompt in PROMPTS:
+        plain = run(engine, prompt, mode="none", cold=True)
+        tree = run(engine, prompt, cold=True)
+        assert tree.tokens == plain.tokens, prompt
+        assert tree.text == plain.text
+        trees += tree.stats.tree_rounds
+        if tree.stats.tree_rounds:
+            # A tree's accepted branch is one path: fewer target passes than tokens, and more
+            # nodes verified per round than tokens accepted.
+            assert tree.stats.target_passes < tree.stats.completion_tokens
+            assert tree.stats.mean_tree_size > tree.stats.mean_accepted_length
+    assert trees > 0  # on these costs the planner drafts trees
+
+
+def test_tree_off_and_fixed_k_draft_chains(engine: SpeculativeEngine) -> None:
+    from localspec.engine import DraftSettings, GenerationRequest
+
+    tokens = engine.tokenize(PROMPTS[0], chat=False)
+    off = engine.generate(GenerationRequest(tokens, 32, draft=DraftSettings(tree=False)))
+    fixed = run(engine, PROMPTS[0], k=4, max_tokens=32)
+    on = run(engine, PROMPTS[0], max_tokens=32)
+    assert off.stats.tree_rounds == 0 and off.stats.drafted > 0
+    assert fixed.stats.tree_rounds == 0 and fixed.stats.k_counts[4] > 0
+    assert on.stats.tree_rounds > 0
+    assert off.tokens == fixed.tokens == on.tokens
+
+
+def test_seeded_coupled_text_is_the_same_drafted_any_way(engine: SpeculativeEngine) -> None:
+    """Coupled sampling's noise depends on the seed and the position only: a tree's accepted
+    branch is what the target samples, whatever else the tree held."""
+    trees = 0
+    for seed in (1, 2):
+        sp = SamplingParams(temperature=0.9, seed=seed)
+        for prompt in PROMPTS[:4]:
+            plain = run(engine, prompt, mode="none", sampling=sp, cold=True)
+            chain = run(engine, prompt, k=3, sampling=sp, cold=True)
+            tree = run(engine, prompt, sampling=sp, cold=True)
+            assert plain.tokens == chain.tokens == tree.tokens, (seed, prompt)
+            trees += tree.stats.tree_rounds
+    assert trees > 0
+
+
+@pytest.mark.parametrize("n_batch", [16, 512])
+def test_the_cache_holds_exactly_the_accepted_branch_after_every_step(
+        pair: tuple[Path, Path], n_batch: int) -> None:
+    """A spy on keep_branch (the real one still runs) checks the KV cache after every tree
+    step; n_batch 16 makes prefill and rollbacks cross batch boundaries."""
+    small = ModelSettings(n_ctx=1024, n_batch=n_batch)
+    with SpeculativeEngine.load(*pair, small, small) as eng:
+        eng.use_calibration(FLAT, learn=False)
+        target = eng.target
+        after: list[list[int]] = []
+        real_keep = target.keep_branch
+
+        def keep_branch(path: Any) -> None:
+            real_keep(path)
+            _cache_holds_exactly(target, list(target.tokens))
+            after.append(list(target.tokens))
+
+        target.keep_branch = keep_branch  # type: ignore[method-assign]
+        long_prompt = " ".join(PROMPTS * 3)
+        plain = run(eng, long_prompt, mode="none", max_tokens=200, cold=True)
+        tree = run(eng, long_prompt, max_tokens=200, cold=True)
+        assert tree.tokens == plain.tokens
+        assert tree.stats.tree_rounds > 0 and len(after) == tree.stats.tree_rounds
+        full = list(eng.tokenize(long_prompt, chat=False)) + list(tree.tokens)
+        for cached in after:  # each step kept a prefix of the final text, and it grew
+            assert cached == full[:len(cached)]
+        assert [len(c) for c in after] == sorted(len(c) for c in after)
+        # A second request that shares only part of the prompt rolls the cache back first.
+        again = run(eng, " ".join(PROMPTS[:2]), max_tokens=40)
+        assert again.tokens == run(eng, " ".join(PROMPTS[:2]), mode="none", max_tokens=40,
+                                   cold=True).tokens
+
+
+def test_a_steep_cost_curve_keeps_chains(pair: tuple[Path, Path]) -> None:
+    """Costs as a compute-bound CPU target (each verified token costs a step): no trees."""
+    steep = Calibration({1: 0.01, 2: 0.02, 13: 0.13, 64: 0.64, 256: 2.56}, 0.002, 0.0)
+    with SpeculativeEngine.load(*pair, SETTINGS) as eng:
+        eng.use_calibration(steep, learn=False)
+        for prompt in PROMPTS[:3]:
+            assert run(eng, prompt, max_tokens=32).stats.tree_rounds == 0
+
+
+def test_extend_tree_matches_the_whole_tree_decoded_at_once(
+        pair: tuple[Path, Path]) -> None:
+    """Growing a tree a level at a time (as the draft does) gives every node the logits of the
+    tree decoded in one batch, and keeps a branch as exactly."""
+    tokens, parents = (5, 6, 7, 8, 9, 10, 11), (-1, 0, 0, 1, 1, 2, -1)
+    with LlamaRunner(pair[0], ModelSettings(n_ctx=256), branches=8) as runner:
+        prompt = runner.tokenize("the model and the draft", add_bos=True)
+        runner.sync(prompt)
+        whole = runner.decode_tree(tokens, parents).copy()
+        runner.keep_branch([])
+        level = [runner.decode_tree(tokens[:1], parents[:1]).copy(),
+                 runner.extend_tree(tokens[1:3], parents[1:3]).copy(),
+                 runner.extend_tree(tokens[3:], parents[3:]).copy()]
+        assert np.abs(np.concatenate(level) - whole).max() <= 1e-3
+        runner.keep_branch([0, 1, 4])
+        _cache_holds_exactly(runner, prompt + [5, 6, 9])
+        after = runner.decode([12], 1).copy()
+        runner.truncate(len(prompt))
+        expected = runner.decode([5, 6, 9, 12], 1).copy()
+        assert np.abs(after - expected).max() <= 1e-3
+
+
+def test_prompt_lookup_offers_its_recent_continuations_as_branches() -> None:
+    seq = [1, 2, 3, 10, 11, 1, 2, 3, 20, 21, 1, 2, 3, 10, 12, 9, 1, 2, 3]
+    drafter = PromptLookupDrafter(ngram_max=3, ngram_min=2)
+    request = TreeRequest(nodes=8, depth=2, branches=4, width=4, floor=0.0,
+                          estimate=lambda c: c)
+    prop = drafter.propose_tree(DraftContext(seq), request)
+    paths = {tuple(prop.tokens[i] for i in prop.path_to(n)) for n in range(len(prop.tokens))}
+    # The three continuations of "1 2 3", most recent first; "10" shared by two of them.
+    assert paths == {(10,), (10, 12), (20,), (20, 21), (10, 11)}
+    assert prop.tokens[0] == 10 and len(prop.tokens) == 5
+    # A chain drafter's budget is a chain: the most recent continuation.
+    assert drafter.propose(DraftContext(seq), 2).tokens == [10, 12]
+    narrow = drafter.propose_tree(DraftContext(seq),
+                                  TreeRequest(8, 2, 1, 4, 0.0, lambda c: c))
+    assert narrow.is_chain and narrow.tokens == [10, 12]
