@@ -49,7 +49,7 @@ def test_malformed_toml_names_file_and_line(tmp_path: Path) -> None:
     ("top_k = -1", r"top_k must be a whole number >= 0"),
     ("ctx = 0", r"ctx must be a whole number >= 64"),
     ("tempo = 1", r"unknown setting 'tempo'"),
-    ("draft_mode = 'fast'", r"draft_mode must be one of model, lookup, none, got 'fast'"),
+    ("draft_mode = 'fast'", r"draft_mode must be one of model, lookup, history, none, got 'fast'"),
 ])
 def test_bad_values_name_file_line_parameter_and_range(tmp_path: Path, body: str,
                                                        message: str) -> None:

@@ -88,7 +88,7 @@ def test_a_registered_free_drafter_backs_up_the_draft_model_under_auto(
 def test_draft_modes_come_from_the_registry(repeat_last: list[tuple[int, int]]) -> None:
     assert drafters.draft_modes() == (*drafters.names(), "none")
     assert drafters.names()[:2] == ("model", "lookup")  # the built-in ones, in that order
-    assert options.DRAFT_MODES == ("model", "lookup", "none")  # what the CLI offers
+    assert options.DRAFT_MODES == ("model", "lookup", "history", "none")  # what the CLI offers
     DraftSettings(mode=THROWAWAY).validate(has_draft_model=False)
     with pytest.raises(LocalspecError, match="draft mode 'model' needs a draft model"):
         DraftSettings(mode="model").validate(has_draft_model=False)
@@ -96,7 +96,8 @@ def test_draft_modes_come_from_the_registry(repeat_last: list[tuple[int, int]]) 
         drafters.register(drafters.get(THROWAWAY))
     drafters.unregister(THROWAWAY)
     with pytest.raises(InvalidOptionError,
-                       match=r"^draft_mode must be one of model, lookup, none, got 'repeat-last'$"):
+                       match=r"^draft_mode must be one of model, lookup, history, none, "
+                             r"got 'repeat-last'$"):
         DraftSettings(mode=THROWAWAY).validate(has_draft_model=True)
 
 

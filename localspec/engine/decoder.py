@@ -36,6 +36,7 @@ from .drafters import (
     TreeRequest,
 )
 from .drafters.proposal import Children
+from .history_store import HistoryStore
 from .llama_backend import LlamaRunner, ModelSettings, max_branches
 from .sampling import (
     AcceptRule,
@@ -146,9 +147,12 @@ class SpeculativeEngine:
 
     def __init__(self, target: LlamaRunner, draft: LlamaRunner | None = None,
                  k_max: int = 12, calibration: Calibration | None = None,
-                 cache_calibration: bool = True) -> None:
+                 cache_calibration: bool = True, history: HistoryStore | None = None) -> None:
         self.target = target
         self.draft = draft
+        # The index of earlier requests the history drafter drafts from (None: none kept);
+        # every finished request that allows it is added (closed with the engine).
+        self.history = history
         self.k_max = k_max
         self._cache_calibration = cache_calibration
         self._quantized = _is_quantized(target)
@@ -168,8 +172,10 @@ class SpeculativeEngine:
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None,
              target_settings: ModelSettings = ModelSettings(),
-             draft_settings: ModelSettings | None = None, k_max: int = 12) -> SpeculativeEngine:
-        """Validate the files (and the pair), then load both models."""
+             draft_settings: ModelSettings | None = None, k_max: int = 12,
+             history: HistoryStore | None = None) -> SpeculativeEngine:
+        """Validate the files (and the pair), then load both models. ``history``: see
+        ``__init__`` (the engine closes it; the caller, if loading fails)."""
         from ..gguf_meta import read_gguf_info, validate_pair
 
         if draft_path is not None:
@@ -188,7 +194,7 @@ class SpeculativeEngine:
                                                      repack=target_settings.repack)
                 draft = LlamaRunner(draft_path, ds,
                                     branches=min(TREE_BRANCHES, max_branches(ds)))
-            return cls(target, draft, k_max=k_max)
+            return cls(target, draft, k_max=k_max, history=history)
         except BaseException:
             target.close()
             if draft is not None:
@@ -200,12 +206,15 @@ class SpeculativeEngine:
         """Requests inside teach acceptance to a copy that is dropped afterwards: a benchmark's
         fixed-K runs must not teach auto what they saw (auto would then be measured on
         knowledge a user's auto never had)."""
-        saved = self._learned
+        saved, saved_history = self._learned, self.history
         self._learned = copy.deepcopy(saved)
+        # Nor may they teach the history: inside, a copy in memory that is dropped too.
+        if saved_history is not None:
+            self.history = saved_history.detached()
         try:
             yield
         finally:
-            self._learned = saved
+            self._learned, self.history = saved, saved_history
 
     def clear_caches(self) -> None:
         """Empty both models' KV caches, so the next request decodes its whole prompt in one
@@ -217,6 +226,8 @@ class SpeculativeEngine:
             self.draft.reset()
 
     def close(self) -> None:
+        if self.history is not None:
+            self.history.close()  # what is unsaved is written first
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -347,6 +358,10 @@ class SpeculativeEngine:
         self._choose_drafters(run)
         return run
 
+    def _available(self, name: str, ds: DraftSettings) -> bool:
+        """Whether drafter ``name`` has what it drafts from, for this request."""
+        return not drafters.get(name).needs_history or (ds.history and self.history is not None)
+
     def _choose_drafters(self, run: _Run) -> None:
         """The request's drafters: its draft mode's, and under auto with a costly one, every
         free drafter, tried first each step (free to run, verified when they pay)."""
@@ -354,10 +369,13 @@ class SpeculativeEngine:
         if ds.mode == NO_DRAFT:
             return
         primary = drafters.create(ds.mode, ds, self.draft)
-        if primary.costly and ds.k is None:
-            run.fallbacks = tuple(drafters.create(name, ds, self.draft)
-                                  for name in drafters.names()
-                                  if name != ds.mode and not drafters.get(name).costly)
+        if ds.k is None:
+            # Beside a costly drafter every free one; beside a free one, the companions.
+            run.fallbacks = tuple(
+                drafters.create(name, ds, self.draft) for name in drafters.names()
+                if name != ds.mode and not drafters.get(name).costly
+                and (primary.costly or drafters.get(name).companion)
+                and self._available(name, ds))
         run.primary = primary
         run.by_name = {d.name: d for d in (*run.fallbacks, primary)}
 
@@ -443,6 +461,8 @@ class SpeculativeEngine:
                                     - run.calibration_decode_seconds)
         run.stats.decode_calls = (self._decode_calls() - calls_before
                                   - run.calibration_decode_calls)
+        if self.history is not None and req.draft.history:
+            self.history.record(req.prompt_tokens, run.out)
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 
@@ -534,8 +554,8 @@ class SpeculativeEngine:
                                 "build, so a batched verification could change the output")
             return False
         if not run.primary.costly:
-            run.stats.policy = (f"auto with {run.primary.title or run.primary.name} (free to "
-                                "draft; verified when it pays)")
+            titles = " and ".join(d.title or d.name for d in (run.primary, *run.fallbacks))
+            run.stats.policy = f"auto with {titles} (free to draft; verified when it pays)"
             return False
         run.stats.policy = "auto: " + controller.explain()
         return True
@@ -597,7 +617,8 @@ class SpeculativeEngine:
         if primary is None or not run.speculate or room <= 0 or run.plain_next:
             return Proposal(source=NO_DRAFT)
         cap = min(room, ds.k if ds.k is not None else controller.k_max)
-        ctx = DraftContext(run.seq, self._draft_pick(run), controller.keep_going)
+        ctx = DraftContext(run.seq, self._draft_pick(run), controller.keep_going,
+                           history=self.history if ds.history else None)
         tree = self._tree_request(run, controller, room, primary)
         if not primary.costly and tree is not None:
             cand = primary.propose_tree(ctx, tree)
@@ -608,6 +629,8 @@ class SpeculativeEngine:
             return cand
         if not primary.costly:
             cand = primary.propose(ctx, cap)
+            if run.fallbacks:  # companions beside it: the proposal its acceptance rates best
+                cand = self._free_proposal(run, controller, ctx, cap, cand) or cand
             cand.truncate(controller.trim(cand))
             return cand
         free = self._free_proposal(run, controller, ctx, cap)
@@ -680,10 +703,15 @@ class SpeculativeEngine:
 
     @staticmethod
     def _free_proposal(run: _Run, controller: DraftController, ctx: DraftContext,
-                       cap: int) -> Proposal | None:
-        """The free drafters' best proposal, where its drafter's acceptance predicts at least
-        the tokens per second expected from the costly drafter; None where none does."""
+                       cap: int, first: Proposal | None = None) -> Proposal | None:
+        """The free drafters' best proposal by its drafter's acceptance: beside a costly
+        drafter, only where that predicts at least the tokens per second expected from it;
+        beside a free draft mode's proposal ``first``, the best of them all. None: none."""
         best, best_rate, bar = None, 0.0, None
+        if first is not None:
+            bar = 0.0
+            if first.tokens:
+                best, best_rate = first, controller.free_rate(first)
         for drafter in run.fallbacks:
             cand = drafter.propose(ctx, cap)
             if not cand.tokens:

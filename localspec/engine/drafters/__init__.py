@@ -23,16 +23,18 @@ from .base import (
     register,
     unregister,
 )
+from .history import HistoryDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 from .proposal import ROOT, Proposal, TreeRequest, chain, check_tree
 
 register(ModelDrafter)
 register(PromptLookupDrafter)
+register(HistoryDrafter)
 
 __all__ = [
-    "NO_DRAFT", "ROOT", "DraftContext", "DraftMode", "DraftSettings", "Drafter", "KeepGoing",
-    "ModelDrafter", "Pick", "PromptLookupDrafter", "Proposal", "TreeRequest", "chain",
-    "check_tree", "costly_default", "create", "draft_modes", "get", "names", "register",
+    "NO_DRAFT", "ROOT", "DraftContext", "DraftMode", "DraftSettings", "Drafter", "HistoryDrafter",
+    "KeepGoing", "ModelDrafter", "Pick", "PromptLookupDrafter", "Proposal", "TreeRequest",
+    "chain", "check_tree", "costly_default", "create", "draft_modes", "get", "names", "register",
     "unregister",
 ]

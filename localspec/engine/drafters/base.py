@@ -20,6 +20,7 @@ from .proposal import Proposal, TreeRequest
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..history_store import HistoryStore
     from ..llama_backend import LlamaRunner
     from ..sampling import Candidates
 
@@ -46,6 +47,8 @@ class DraftContext:
     seq: Sequence[int]
     pick: Pick | None = None
     keep_going: KeepGoing = _always
+    # The engine's index of earlier requests, where it keeps one and the request allows it.
+    history: HistoryStore | None = None
 
 
 class Drafter(abc.ABC):
@@ -63,6 +66,12 @@ class Drafter(abc.ABC):
     prior_rate: ClassVar[float] = 0.5
     costly: ClassVar[bool] = False
     needs_draft_model: ClassVar[bool] = False
+    # Drafts from ``DraftContext.history``: left out where the engine keeps none or the request
+    # turns it off (DraftSettings.history).
+    needs_history: ClassVar[bool] = False
+    # Under auto, tried beside whatever the draft mode's drafter is, free or costly (a free
+    # drafter otherwise joins only a costly one): it sees what the mode's drafter cannot.
+    companion: ClassVar[bool] = False
 
     @classmethod
     def create(cls, settings: DraftSettings, draft_model: LlamaRunner | None) -> Drafter:
@@ -140,6 +149,7 @@ def costly_default() -> str | None:
     """The first registered costly drafter: whose acceptance a controller prices by default."""
     return next((n for n, cls in _registry.items() if cls.costly), None)
 
+
 RuleSetting = Literal["auto", "coupled", "rejection", "match"]
 
 
@@ -162,6 +172,8 @@ class DraftSettings:
     lookup_ngram_max: int = 4
     lookup_ngram_min: int = 2
     tree: bool = True
+    # Draft from the engine's history of earlier requests, and add this one to it.
+    history: bool = True
 
     def validate(self, has_draft_model: bool) -> None:
         params.check("draft_mode", self.mode)  # the registry's modes now (see _publish)
@@ -171,6 +183,11 @@ class DraftSettings:
         params.check("exact", self.exact)
         if not isinstance(self.tree, bool):
             raise LocalspecError(f"tree must be true or false, got {self.tree!r}")
+        if not isinstance(self.history, bool):
+            raise LocalspecError(f"history must be true or false, got {self.history!r}")
+        if self.mode != NO_DRAFT and get(self.mode).needs_history and not self.history:
+            raise LocalspecError(f"draft mode {self.mode!r} drafts from the history, which "
+                                 "this request turns off (--history off)")
         if self.mode != NO_DRAFT and get(self.mode).needs_draft_model and not has_draft_model:
             raise LocalspecError(
                 f"draft mode {self.mode!r} needs a draft model (or use --draft-mode lookup)")

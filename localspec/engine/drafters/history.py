@@ -1,0 +1,41 @@
+"""Drafting from the history of earlier requests: suffix decoding.
+
+The engine keeps an index of what its target wrote before (``history_store``): earlier answers
+with the end of their prompts, and the chat app's saved conversations. This drafter proposes
+what followed the longest earlier match of the current context's end, each token weighted by the
+share of the longest matches that continued with it. Free to run (a lookup is tens of
+microseconds on a million tokens) and, where a request repeats an earlier one (an agent resending
+a file, a tool call in a fixed schema, "the same again with one change"), right for long runs.
+"""
+
+from __future__ import annotations
+
+from .base import DraftContext, Drafter
+from .proposal import Proposal
+
+
+class HistoryDrafter(Drafter):
+    """Proposes the continuation of the longest match of the context's end in the engine's
+    history; nothing where the engine keeps no history or it holds no match."""
+
+    name = "history"
+    title = "the history of earlier requests"
+    prior_rate = 0.5
+    needs_history = True
+    companion = True  # its index is other requests: nothing prompt lookup or a draft model sees
+
+    # A continuation is cut where fewer than this share of the longest matches still agree
+    # with it: past that point the earlier requests disagree, and the draft is a coin toss
+    # that costs a verified position each.
+    MIN_AGREEMENT = 0.5
+
+    def propose(self, ctx: DraftContext, budget: int) -> Proposal:
+        if budget <= 0 or ctx.history is None:
+            return Proposal(source=self.name)
+        found = ctx.history.lookup(ctx.seq, budget)
+        if found is None:
+            return Proposal(source=self.name)
+        n = next((i for i, share in enumerate(found.agreement)
+                  if i and share < self.MIN_AGREEMENT), len(found.tokens))
+        return Proposal(source=self.name, tokens=list(found.tokens[:n]),
+                        confidences=list(found.agreement[:n]))

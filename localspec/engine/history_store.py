@@ -1,0 +1,186 @@
+"""The engine's history for its lifetime: a ``HistoryIndex``, the file it lives in, and when
+it is written.
+
+Each finished request adds one document (the end of its prompt, then its output). The file is
+written on a timer thread at most every ``save_interval`` seconds after a change, and at
+``close``: a request never waits for a disk. Before each write the file's header is read again,
+because another process may hold the same file (the chat app's engine and a ``serve`` joined to
+it) or ``localspec history clear`` may have emptied it: a new epoch there means cleared, and this
+process forgets what it held too rather than writing it back; the same epoch with other
+contents means another writer, whose documents are merged in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .history_index import Continuation, HistoryIndex
+
+log = logging.getLogger(__name__)
+
+# Prompt tokens kept before each output. A chat's prompt resends its whole conversation each
+# turn (already in the index as the earlier turns' documents) and the current prompt is prompt
+# lookup's; what the history needs of it is the lead-in to the answer, which is what lets a
+# repeated request match into its earlier answer.
+PROMPT_TAIL = 256
+SAVE_INTERVAL = 5.0
+
+
+class HistoryStore:
+    """An index of earlier requests, saved to ``path`` (None: this process's memory only)."""
+
+    def __init__(self, index: HistoryIndex, path: Path | None = None, *,
+                 prompt_tail: int = PROMPT_TAIL, save_interval: float = SAVE_INTERVAL) -> None:
+        self.index = index
+        self.path = path
+        self.prompt_tail = prompt_tail
+        self.save_interval = save_interval
+        # Whether the index started empty for want of a usable file (missing, stale or
+        # damaged): the caller may seed it (the chat app's saved conversations).
+        self.fresh = not index.restored
+        self._lock = threading.Lock()  # one writer of the index and the file at a time
+        self._dirty = False
+        self._timer: threading.Timer | None = None
+        self._last_save = 0.0
+        self._closed = False
+        # (epoch, checksum) of the file as this process last read or wrote it; None: no file.
+        self._file: tuple[str, str] | None = None
+        if index.restored and path is not None:
+            header = HistoryIndex.read_header(path)
+            if header is not None:
+                self._file = (str(header.get("epoch")), str(header.get("sha256")))
+
+    @classmethod
+    def open(cls, path: Path, vocabulary: str, *, max_tokens: int = 1_000_000,
+             max_bytes: int | None = None, note: str = "",
+             save_interval: float = SAVE_INTERVAL) -> HistoryStore:
+        """The store for the file at ``path`` (read now; a bad file is dropped, never trusted)."""
+        index = HistoryIndex.load(path, vocabulary, max_tokens, max_bytes)
+        if note:
+            index.note = note
+        return cls(index, path, save_interval=save_interval)
+
+    @classmethod
+    def in_memory(cls, vocabulary: str = "", *, max_tokens: int = 1_000_000) -> HistoryStore:
+        """A store that writes nothing: this process's requests only."""
+        return cls(HistoryIndex(vocabulary, max_tokens))
+
+    def detached(self) -> HistoryStore:
+        """A copy in memory that never touches the file (a benchmark's runs that must not
+        teach the real history what they saw)."""
+        with self._lock:
+            copy = HistoryIndex(self.index.vocabulary, self.index.max_tokens,
+                                self.index.max_bytes)
+            copy.absorb(self.index)
+        return HistoryStore(copy, prompt_tail=self.prompt_tail)
+
+    # -- using it -----------------------------------------------------------------------------
+    def lookup(self, context: Sequence[int], budget: int) -> Continuation | None:
+        return self.index.lookup(context, budget)
+
+    def record(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """One finished request: the end of its prompt and its output."""
+        if not output:
+            return
+        doc = [*prompt[-self.prompt_tail:], *output] if self.prompt_tail else list(output)
+        with self._lock:
+            if self.index.add(doc):
+                self._changed()
+
+    def seed(self, documents: Iterable[Sequence[int]]) -> int:
+        """Add documents from elsewhere (oldest first) and save; returns how many were new."""
+        added = 0
+        with self._lock:
+            for doc in documents:
+                added += self.index.add(doc)
+            self.fresh = False
+            if added:
+                self._changed()
+        return added
+
+    # -- saving -------------------------------------------------------------------------------
+    def _changed(self) -> None:
+        """Under the lock: the index changed; make sure a save is coming."""
+        self._dirty = True
+        if self.path is None or self._timer is not None or self._closed:
+            return
+        wait = max(0.0, self._last_save + self.save_interval - time.monotonic())
+        timer = threading.Timer(wait, lambda: self._save_from_timer(timer))
+        timer.name = "localspec-history-save"
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def _save_from_timer(self, timer: threading.Timer) -> None:
+        with self._lock:
+            if self._timer is not timer:
+                return  # a flush in between saved, and cancelled this one
+            self._timer = None
+            try:
+                self._write()
+            except OSError as exc:  # a full or read-only cache costs only the history
+                log.warning("cannot save the history index %s: %s", self.path, exc)
+
+    def flush(self) -> None:
+        """Write the index now, if it changed since the last write."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._write()
+
+    def _write(self) -> None:
+        """Under the lock."""
+        if not self._dirty or self.path is None:
+            return
+        # A new index object where the file says so, never the live one changed in place:
+        # the engine's thread may be looking it up right now, without the lock.
+        self.index = self._synced(self.path)
+        self.index.save(self.path)
+        self._dirty = False
+        self._last_save = time.monotonic()
+        header = HistoryIndex.read_header(self.path)
+        self._file = (self.index.epoch, str(header.get("sha256"))) if header else None
+
+    def _synced(self, path: Path) -> HistoryIndex:
+        """Before writing: the index to write, honouring a clear made since this process last
+        read the file and keeping what another process wrote there."""
+        mine = self.index
+        header = HistoryIndex.read_header(path)
+        if header is None or header.get("vocabulary") != mine.vocabulary:
+            if self._file is not None:  # it was there and is gone: removed on purpose
+                log.info("history index %s was removed; forgetting this process's too", path)
+                return self._empty()
+            return mine
+        epoch, checksum = str(header.get("epoch")), str(header.get("sha256"))
+        cleared = self._file is not None and epoch != self._file[0]
+        if not cleared and self._file is not None and checksum == self._file[1]:
+            return mine  # nobody else wrote it
+        other = HistoryIndex.load(path, mine.vocabulary, mine.max_tokens, mine.max_bytes)
+        if cleared:
+            log.info("history index %s was cleared; forgetting this process's too", path)
+            merged = self._empty()
+        else:
+            merged = self._empty()
+            merged.absorb(mine)
+        if other.restored:
+            merged.absorb(other)
+            merged.epoch = other.epoch
+        return merged
+
+    def _empty(self) -> HistoryIndex:
+        mine = self.index
+        return HistoryIndex(mine.vocabulary, mine.max_tokens, mine.max_bytes, note=mine.note)
+
+    def close(self) -> None:
+        """Write what is unsaved and stop saving."""
+        with self._lock:
+            self._closed = True
+        try:
+            self.flush()
+        except OSError as exc:
+            log.warning("cannot save the history index %s: %s", self.path, exc)
