@@ -48,6 +48,7 @@ class Settings:
     k_max: int = PARAMS["k_max"].default
     accept_rule: str = PARAMS["accept_rule"].default
     exact: bool = PARAMS["exact"].default
+    history: str = PARAMS["history"].default
     temperature: float = PARAMS["temperature"].default
     top_k: int = PARAMS["top_k"].default
     top_p: float = PARAMS["top_p"].default
@@ -97,7 +98,8 @@ def draft_settings(s: Settings, has_draft_model: bool) -> DraftSettings:
     if mode == "model" and not has_draft_model:
         mode = "lookup"
     return DraftSettings(mode=mode, k=s.k, k_max=s.k_max,  # type: ignore[arg-type]
-                         rule=s.accept_rule, exact=s.exact)  # type: ignore[arg-type]
+                         rule=s.accept_rule, exact=s.exact,  # type: ignore[arg-type]
+                         history=s.history == "on")
 
 
 def settings_from_mapping(data: Mapping[str, Any], where: Callable[[str], str]) -> Settings:

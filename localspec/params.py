@@ -150,7 +150,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
        "auto (on where this machine's self-test passes), on, off", choices=REPACK_MODES),
     # drafting. draft_mode's choices are the engine's drafter registry's: set_choices below.
     _p("draft_mode", "choice", "model", "model: the draft model (prompt lookup when there is "
-       "none); lookup: n-gram prompt lookup only; none: plain decoding", choices=("none",)),
+       "none); lookup: n-gram prompt lookup; history: earlier requests only; none: plain "
+       "decoding. Under auto K the history (--history) drafts beside model and lookup",
+       choices=("none",)),
     _p("k", "k", None, "tokens drafted per step: auto, or a fixed K like llama.cpp's --draft",
        0, MAX_K, flag="--draft-k"),
     _p("k_max", "int", 12, "the longest draft auto may choose", 1, MAX_K),
@@ -159,6 +161,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
        "coupled", choices=ACCEPT_RULES),
     _p("exact", "bool", False, "auto drafting only where batched and one-token logits agree "
        "(plain decoding of quantized CPU targets)"),
+    _p("history", "choice", "on", "draft from an index of earlier requests and saved chats "
+       "(suffix decoding), and add this request to it; off: neither", choices=("on", "off")),
     # sampling
     _p("temperature", "float", 0.0, "0 is greedy: the target's exact text", 0, 2),
     _p("top_k", "int", 40, "keep the K most likely tokens (0: off)", 0, 1 << 20),

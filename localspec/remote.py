@@ -214,8 +214,13 @@ def sampling_fields(sp: SamplingParams) -> dict[str, Any]:
 
 def draft_fields(draft: DraftSettings) -> dict[str, Any]:
     """localspec's request extension: how this request drafts (sent to localspec servers)."""
-    return {"draft_mode": draft.mode, "k": "auto" if draft.k is None else draft.k,
-            "k_max": draft.k_max, "accept_rule": draft.rule, "exact": draft.exact}
+    fields: dict[str, Any] = {"draft_mode": draft.mode,
+                              "k": "auto" if draft.k is None else draft.k,
+                              "k_max": draft.k_max, "accept_rule": draft.rule,
+                              "exact": draft.exact}
+    if not draft.history:  # only when off: a server that predates the field refuses it
+        fields["history"] = "off"
+    return fields
 
 
 def _error(response: httpx.Response) -> RemoteError:

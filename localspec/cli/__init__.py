@@ -20,7 +20,7 @@ from ..errors import LocalspecError
 
 # Order is the order shown in --help.
 SUBCOMMANDS = ("run", "demo", "bench", "inspect", "pull", "list", "suggest", "pair", "serve",
-               "doctor", "tui")
+               "history", "doctor", "tui")
 # Commands whose native crashes (llama.cpp dying by a signal) are reported by a supervising
 # parent process; the chat app and the server supervise their engine process themselves.
 GUARDED = ("run", "bench", "demo")

@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_remote(args)
     pair, prompt = _split_words(args)
     settings = settings_from(args, read_config=True)
-    spec = engine_spec(args, pair, settings)
+    from ..history import scope_for
+
+    # The user's own history, the chat app's: run is one more of their requests.
+    spec = replace(engine_spec(args, pair, settings), history=scope_for("chat", settings))
     if prompt is None:
         prompt = stdin_text()
     if prompt is None:
@@ -105,7 +108,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     settings = settings_from(args, read_config=True)
     draft = draft_settings(settings, True) if any(
         getattr(args, name) is not None for name in ("draft_mode", "k", "k_max", "accept_rule",
-                                                     "exact")) else None
+                                                     "exact", "history")) else None
     options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
                           stop=tuple(args.stop), draft=draft)
     with RemoteEngine(args.url, api_key=args.api_key) as engine:

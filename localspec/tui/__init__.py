@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,8 +93,17 @@ def _refused(damaged: DamagedChatHistory) -> DamagedChatStoreError:
     return DamagedChatStoreError(damaged.path, damaged.error.reason, hint=RESET_HINT)
 
 
+def _keeping_history(save: Any, history: str) -> Any:
+    """``save``, writing ``history`` whatever the settings it is given hold."""
+    def write(settings: Any) -> Any:
+        return save(replace(settings, history=history))
+
+    return write
+
+
 def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
-             api_key: str | None = None, reset_damaged_chats: bool = False) -> int:
+             api_key: str | None = None, reset_damaged_chats: bool = False,
+             history_setting: str | None = None) -> int:
     """Open the chat app, loading ``spec`` (or connecting to ``url``) first when given.
 
     Raises LocalspecError for a malformed config file or a chat history that cannot be used
@@ -104,6 +114,11 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
     from ..config import load_settings, save_settings
 
     settings = load_settings()
+    save: Any = save_settings
+    if history_setting is not None:
+        # --history for this session only: what the app saves keeps config.toml's own value.
+        save = _keeping_history(save_settings, settings.history)
+        settings = replace(settings, history=history_setting)
     # Before the heavy imports below: a chat history that cannot be used fails in a blink.
     history = open_chat_store(reset_damaged=reset_damaged_chats, ask=can_ask())
 
@@ -128,7 +143,7 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
     try:
         with _logs_to_file():
             app = LocalspecApp(factory, SystemMonitor(), history, DefaultLibrary(), settings,
-                               save_settings=save_settings, spec=spec)
+                               save_settings=save, spec=spec)
             result = app.run()
     finally:
         store = history.store if isinstance(history, DamagedChatHistory) else history

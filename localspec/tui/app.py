@@ -269,8 +269,11 @@ class LocalspecApp(App[int]):
         # The settings' lookup or none overrides the pair's choice; model follows the pair.
         mode = pair.draft_mode if self.settings.draft_mode == "model" else \
             self.settings.draft_mode
+        from ..history import scope_for  # deferred: the engine's modules load with an engine
+
         return EngineSpec(target=pair.target, draft=pair.draft, target_settings=target,
-                          draft_settings=draft, pair_name=pair.name, draft_mode=mode)
+                          draft_settings=draft, pair_name=pair.name, draft_mode=mode,
+                          history=scope_for("chat", self.settings))
 
     def load(self, spec: EngineSpec) -> None:
         """Load a pair in a worker; the chat keeps working with the old one until it is ready."""

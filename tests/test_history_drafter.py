@@ -1,0 +1,293 @@
+"""The history drafter through the product: an engine-lifetime index of earlier requests that
+drafts without changing a greedy token, persists per vocabulary and scope, keeps serve's index
+apart from the chat app's, is really off when turned off, and is emptied by `history clear`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localspec import history
+from localspec.chat_store import ChatStore
+from localspec.engine import (
+    DraftSettings,
+    GenerationRequest,
+    ModelSettings,
+    SpeculativeEngine,
+)
+from localspec.engine.calibration import Calibration
+from localspec.engine.history_index import HistoryIndex
+from localspec.engine.history_store import HistoryStore
+from localspec.errors import ConfigError, LocalspecError
+from localspec.loading import EngineSpec, load_engine
+from localspec.options import Settings
+from localspec.server import ServerConfig
+from localspec.server.app import create_app
+from localspec.server.running import BackgroundServer
+
+from .conftest import run_cli
+from .engine_helpers import PROMPTS
+
+N = 48  # tokens per request
+
+
+def _ask(engine: SpeculativeEngine, prompt: str, mode: str = "history", k: int | None = 8,
+         history_on: bool = True) -> tuple[tuple[int, ...], dict[str, dict[str, int]]]:
+    engine.clear_caches()  # cold: a comparison with plain decoding needs the same prefill
+    req = GenerationRequest(prompt_tokens=engine.tokenize(prompt, chat=False), max_tokens=N,
+                            draft=DraftSettings(mode=mode, k=k, history=history_on))
+    done = engine.generate(req)
+    return done.tokens, {n: d.to_json() for n, d in done.stats.drafters.items()}
+
+
+def _files(scope: str) -> list[Path]:
+    folder = history.history_dir() / scope
+    return sorted(folder.glob("*.idx")) if folder.is_dir() else []
+
+
+def _documents(path: Path) -> int:
+    header = HistoryIndex.read_header(path)
+    assert header is not None, path
+    return int(header["documents"])
+
+
+# -- drafting --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("precision", ["f32", "q4_k_m"])
+def test_greedy_output_is_the_targets_with_the_history_drafting(
+        precision: str, quantized_pairs: dict[str, tuple[Path, Path]]) -> None:
+    target, draft = quantized_pairs[precision]
+    store = HistoryStore.in_memory(history.vocabulary_id(target))
+    drafted = 0
+    with SpeculativeEngine.load(target, draft, ModelSettings(n_ctx=512), history=store) as eng:
+        for prompt in PROMPTS:
+            plain, _ = _ask(eng, prompt, mode="none", history_on=False)
+            # The first asking fills the history, the next ones draft from it: with the
+            # history alone at a fixed K, and beside the draft model and lookup under auto.
+            for mode, k in (("model", None), ("history", 8), ("model", None), ("lookup", None)):
+                tokens, by = _ask(eng, prompt, mode=mode, k=k)
+                assert tokens == plain, (precision, prompt, mode, k)
+                drafted += by.get("history", {}).get("drafted", 0)
+    assert drafted > 0  # the history did draft (and changed nothing)
+
+
+def test_a_repeated_request_is_drafted_mostly_from_the_history(target_gguf: Path) -> None:
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512),
+                                history=store) as eng:
+        first, by_first = _ask(eng, PROMPTS[0])
+        assert "history" not in by_first  # nothing seen before
+        again, by = _ask(eng, PROMPTS[0])
+    assert again == first
+    mine = by["history"]
+    assert mine["accepted"] >= len(again) * 3 // 4, by
+    assert mine["accepted"] == mine["drafted"]  # the same request: every token is right
+
+
+def test_auto_takes_long_history_drafts_where_the_draft_model_does_not_pay(
+        target_gguf: Path, draft_gguf: Path) -> None:
+    # A compute-bound target (each token in a pass costs 40% of a step) with a draft model
+    # whose token costs half a step: drafting with the model loses, the history's drafts of a
+    # repeated answer win. Fixed costs (learn=False), so nothing here depends on this machine.
+    bound = Calibration({1: 0.010, 2: 0.014, 13: 0.058}, 0.005, 0.0)
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    with SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=512),
+                                history=store) as eng:
+        eng.use_calibration(bound, learn=False)
+        plain, _ = _ask(eng, PROMPTS[3], mode="none")  # recorded: the history has it now
+        results = [_ask(eng, PROMPTS[3], mode="model", k=None) for _ in range(5)]
+    for tokens, _ in results:
+        assert tokens == plain
+    _, by = results[-1]
+    assert by.get("history", {}).get("accepted", 0) >= len(plain) // 2, by
+    assert by.get("model", {}).get("drafted", 0) <= by["history"]["drafted"] // 4, by
+    rounds, accepted = by["history"]["rounds"], by["history"]["accepted"]
+    # Long drafts, not a token at a time, once the history's own acceptance model has seen
+    # its drafts accepted (it starts from a prior of 0.5).
+    assert accepted / rounds >= 4, by
+
+
+def test_off_in_the_request_neither_drafts_nor_records(target_gguf: Path) -> None:
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512),
+                                history=store) as eng:
+        _ask(eng, PROMPTS[1], mode="lookup", k=None, history_on=False)
+        assert store.index.n_documents == 0
+        _ask(eng, PROMPTS[1], mode="lookup", k=None)
+        assert store.index.n_documents == 1
+        _, by = _ask(eng, PROMPTS[1], mode="lookup", k=None, history_on=False)
+        assert "history" not in by
+        with pytest.raises(LocalspecError, match="turns off"):
+            _ask(eng, PROMPTS[1], mode="history", history_on=False)
+
+
+# -- persistence and scopes ------------------------------------------------------------------------
+def test_it_persists_across_an_engine_restart_owner_only(target_gguf: Path) -> None:
+    spec = EngineSpec(target=str(target_gguf), draft_mode="lookup",
+                      target_settings=ModelSettings(n_ctx=512), history=history.SERVE)
+    with load_engine(spec) as eng:
+        first, _ = _ask(eng, PROMPTS[2])
+    (path,) = _files(history.SERVE)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(history.history_dir().stat().st_mode) == 0o700
+    assert _documents(path) == 1
+    with load_engine(spec) as eng:  # a new process would read the same file
+        again, by = _ask(eng, PROMPTS[2])
+    assert again == first and by["history"]["accepted"] >= len(first) // 2, by
+
+
+def _save_chat(answer: str) -> None:
+    store = ChatStore()
+    chat = store.create_chat("a saved chat")
+    store.add_message(chat.id, "user", "tell me about the model")
+    store.add_message(chat.id, "assistant", answer)
+    store.close()
+
+
+def test_serves_index_is_apart_from_the_chat_apps(target_gguf: Path) -> None:
+    _save_chat("the draft and the target of this test")
+    settings = ModelSettings(n_ctx=512)
+    chat = EngineSpec(target=str(target_gguf), draft_mode="lookup", target_settings=settings,
+                      history=history.scope_for("chat", Settings()))
+    serve = EngineSpec(target=str(target_gguf), draft_mode="lookup", target_settings=settings,
+                       history=history.scope_for("serve", Settings()))
+    assert (chat.history, serve.history) == ("chat", "serve")
+    with load_engine(chat) as eng:
+        assert eng.history is not None and eng.history.index.n_documents == 1  # the saved chat
+        _ask(eng, PROMPTS[4])
+    with load_engine(serve) as eng:
+        assert eng.history is not None and eng.history.index.n_documents == 0  # not the chats
+        _ask(eng, PROMPTS[5])
+        _ask(eng, PROMPTS[6])
+    (chat_file,), (serve_file,) = _files("chat"), _files("serve")
+    assert chat_file.name == serve_file.name  # one vocabulary, two scopes
+    assert (_documents(chat_file), _documents(serve_file)) == (2, 2)
+
+
+def test_config_can_join_serve_to_the_chat_index(isolated_home: Path) -> None:
+    config = isolated_home / "config" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("[history]\nserve_scope = \"chat\"\nmax_tokens = 5000\n")
+    assert history.scope_for("serve", Settings()) == "chat"
+    assert history.load_config().max_tokens == 5000
+    assert history.scope_for("serve", Settings(history="off")) is None
+    config.write_text("[history]\nserve_scope = \"everyone\"\n")
+    with pytest.raises(ConfigError, match=r"config\.toml, line 2: history serve_scope must be "
+                                          r"one of chat, serve, got 'everyone'"):
+        history.scope_for("serve", Settings())
+
+
+def test_a_damaged_index_file_is_rebuilt_from_the_saved_chats(target_gguf: Path) -> None:
+    _save_chat("print print print print and the model")
+    spec = EngineSpec(target=str(target_gguf), draft_mode="lookup",
+                      target_settings=ModelSettings(n_ctx=512), history=history.CHAT)
+    with load_engine(spec) as eng:
+        _ask(eng, PROMPTS[0])
+    (path,) = _files("chat")
+    assert _documents(path) == 2
+    raw = bytearray(path.read_bytes())
+    raw[-10] ^= 0xFF  # a flipped byte: the checksum no longer matches
+    path.write_bytes(bytes(raw))
+    with load_engine(spec) as eng:
+        assert eng.history is not None and eng.history.fresh is False  # seeded already
+        assert eng.history.index.n_documents == 1  # the chat again; the request was lost
+    assert _documents(path) == 1  # rewritten whole, not trusted
+
+
+# -- the store: several writers, and a clear behind a process's back -------------------------------
+def test_two_processes_on_one_file_keep_each_others_documents(tmp_path: Path) -> None:
+    path = tmp_path / "v.idx"
+    a = HistoryStore.open(path, "v", save_interval=3600)
+    b = HistoryStore.open(path, "v", save_interval=3600)
+    a.record([1, 2, 3], [4, 5, 6, 7])
+    a.flush()
+    b.record([9, 8, 7], [6, 5, 4, 3])
+    b.close()
+    assert HistoryIndex.load(path, "v").n_documents == 2
+    a.record([1, 1, 1], [2, 2, 2, 2])
+    a.close()
+    merged = HistoryIndex.load(path, "v")
+    assert merged.n_documents == 3
+    assert merged.lookup([9, 8, 7, 6], budget=2) is not None
+
+
+def test_a_clear_is_honoured_by_a_process_holding_the_index() -> None:
+    path = history.index_path("serve", "v")
+    path.parent.mkdir(parents=True)
+    held = HistoryStore.open(path, "v", save_interval=3600)
+    held.record([1, 2, 3], [4, 5, 6, 7])
+    held.flush()
+    held.record([1, 2, 3], [4, 5, 6, 8])  # unsaved when the clear comes
+    assert [f.documents for f in history.clear()] == [1]
+    held.close()  # must not write back what the user cleared
+    assert HistoryIndex.load(path, "v").n_documents == 0
+    assert held.index.n_documents == 0
+
+
+# -- the front ends --------------------------------------------------------------------------------
+@pytest.fixture()
+def served(target_gguf: Path) -> Iterator[tuple[BackgroundServer, HistoryStore]]:
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    eng = SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512), history=store)
+    srv = BackgroundServer(create_app(eng, ServerConfig(
+        model_id="tiny", draft=DraftSettings(mode="lookup", k=8)))).start()
+    yield srv, store
+    srv.stop()
+    eng.close()
+
+
+def test_the_request_field_turns_it_off_for_one_request(
+        served: tuple[BackgroundServer, HistoryStore]) -> None:
+    srv, store = served
+
+    def ask(**extra: object) -> dict:
+        body = {"prompt": PROMPTS[3], "max_tokens": 24, "temperature": 0, **extra}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["localspec"]["stats"]
+
+    ask(history="off")
+    assert store.index.n_documents == 0
+    ask(history=True)
+    assert store.index.n_documents == 1
+    assert "history" not in ask(history="off", k=8, draft_mode="lookup")["drafters"]
+    r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                   json={"prompt": "x", "max_tokens": 2, "history": "maybe"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "history"
+
+
+def test_the_flag_and_config_turn_it_off_and_history_clear_empties_it(
+        target_gguf: Path, isolated_home: Path) -> None:
+    base = ("run", "--target", str(target_gguf), "--ctx", "512", "-n", "16", "--raw")
+    off = run_cli(*base, "--history", "off", "the model and the draft")
+    assert off.returncode == 0, off.stderr
+    assert not history.history_dir().exists()
+    config = isolated_home / "config" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[chat]\nhistory = "off"\n')
+    assert run_cli(*base, "the model and the draft").returncode == 0
+    assert not history.history_dir().exists()
+    on = run_cli(*base, "--history", "on", "the model and the draft")  # the flag wins
+    assert on.returncode == 0, on.stderr
+    (path,) = _files("chat")
+    assert _documents(path) == 1
+
+    shown = run_cli("history", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (entry,) = json.loads(shown.stdout)["indexes"]
+    assert (entry["scope"], entry["documents"], entry["file_bytes"]) == (
+        "chat", 1, path.stat().st_size)
+    assert entry["tokens"] > 0 and entry["model"] == target_gguf.name
+    table = run_cli("history")
+    assert entry["vocabulary"] in table.stdout and "chat" in table.stdout
+    cleared = run_cli("history", "clear")
+    assert cleared.returncode == 0 and "cleared 1 index" in cleared.stdout
+    assert _documents(path) == 0 and os.path.exists(path)
+    bad = run_cli("history", "--scope", "everyone")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
