@@ -18,9 +18,10 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from .engine import DraftSettings, GenerationRequest, SamplingParams, SpeculativeEngine
+from .engine import DraftSettings, SamplingParams, SpeculativeEngine
 from .engine.sampling import apply_penalties, candidates, coupled_choice
 from .engine.stats import GenerationStats
+from .requests import ChatOptions, Prompt, build_request, prompt_tokens
 
 Baseline = Literal["llama-cpp-python", "engine"]
 
@@ -109,8 +110,8 @@ class EngineContender:
 
     def run(self, prompt: tuple[int, ...]) -> RunResult:
         self.engine.clear_caches()  # no prefix reuse between runs: each pays its prompt
-        req = GenerationRequest(prompt_tokens=prompt, max_tokens=self.cfg.max_tokens,
-                                sampling=self.cfg.sampling, draft=self.draft)
+        req = build_request(self.engine, prompt, ChatOptions(
+            max_tokens=self.cfg.max_tokens, sampling=self.cfg.sampling, draft=self.draft))
         if self.apart:
             with self.engine.separate_learning():
                 done = self.engine.generate(req)
@@ -186,11 +187,13 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
+def _asked(prompt: BenchPrompt, raw: bool) -> Prompt:
+    """A prompt as every contender is asked it: its text (raw) or one user message."""
+    return prompt.text if raw else [{"role": "user", "content": prompt.text}]
+
+
 def _prompt_tokens(engine: SpeculativeEngine, prompt: BenchPrompt, raw: bool) -> tuple[int, ...]:
-    if raw:
-        return engine.tokenize(prompt.text, chat=False)
-    return engine.tokenize(engine.chat_prompt([{"role": "user", "content": prompt.text}]),
-                           chat=True)
+    return prompt_tokens(engine, _asked(prompt, raw))
 
 
 def first_difference(engine: SpeculativeEngine, prompt: tuple[int, ...], a: Sequence[int],
@@ -367,12 +370,12 @@ def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "pl
 
 # -- servers -------------------------------------------------------------------------------------
 def _remote_run(remote: Any, prompt: BenchPrompt, cfg: BenchConfig) -> RunResult:
-    from .chat_engine import ChatOptions
     from .engine.decoder import Finished
 
     options = ChatOptions(max_tokens=cfg.max_tokens, sampling=cfg.sampling)
-    events = (remote.stream_completion(prompt.text, options) if cfg.raw
-              else remote.stream_chat([{"role": "user", "content": prompt.text}], options))
+    asked = _asked(prompt, cfg.raw)
+    events = (remote.stream_completion(asked, options) if isinstance(asked, str)
+              else remote.stream_chat(asked, options))
     for event in events:
         if isinstance(event, Finished):
             return RunResult(event.text, event.stats)

@@ -15,11 +15,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypedDict
 
-from .engine.decoder import DraftSettings, Finished, GenerationRequest, SpeculativeEngine
-from .engine.sampling import SamplingParams
+from .engine.decoder import Finished, SpeculativeEngine
 from .engine.text import TextChunk
 from .errors import LocalspecError
-from .params import DEFAULT_MAX_TOKENS
+from .requests import ChatOptions, build_request
+
+__all__ = ["ChatEngine", "ChatEvent", "ChatMessage", "ChatOptions", "EngineInfo",
+           "EngineNotReadyError", "EngineUnreachableError", "LocalChatEngine"]
 
 
 class ChatMessage(TypedDict):
@@ -47,17 +49,6 @@ class EngineUnreachableError(EngineNotReadyError):
     says so once that is known)."""
 
     title = "Engine unreachable"
-
-
-@dataclass(frozen=True, slots=True)
-class ChatOptions:
-    """How to answer one request. ``draft`` None: the engine's own drafting (a server's
-    configuration); the in-process engine then drafts with its draft model when it has one."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    sampling: SamplingParams = SamplingParams()
-    draft: DraftSettings | None = None
-    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +91,9 @@ class ChatEngine(Protocol):
 
 
 class LocalChatEngine:
-    """The speculative engine in this process, behind the contract: the chat template is the
-    target's own, and ``options.draft`` None drafts with the draft model when there is one."""
+    """The speculative engine in this process, behind the contract: its requests are built by
+    ``requests.build_request`` (the target's chat template; ``options.draft`` None drafts with
+    the draft model when there is one), as every front end's are."""
 
     def __init__(self, engine: SpeculativeEngine, name: str) -> None:
         self.engine = engine
@@ -114,26 +106,13 @@ class LocalChatEngine:
     def info(self) -> EngineInfo:
         return self._info
 
-    def _request(self, tokens: tuple[int, ...], options: ChatOptions) -> GenerationRequest:
-        draft = options.draft or DraftSettings(
-            mode="model" if self.engine.draft is not None else "lookup")
-        if draft.mode == "model" and self.engine.draft is None:
-            draft = DraftSettings(mode="lookup", k=draft.k, k_max=draft.k_max, rule=draft.rule,
-                                  exact=draft.exact)
-        return GenerationRequest(prompt_tokens=tokens, max_tokens=options.max_tokens,
-                                 sampling=options.sampling, stop=options.stop, draft=draft)
-
     def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,
                     cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
-        prompt = self.engine.chat_prompt([{"role": m["role"], "content": m["content"]}
-                                          for m in messages])
-        tokens = self.engine.tokenize(prompt, chat=True)
-        return self.engine.stream(self._request(tokens, options), cancel)
+        return self.engine.stream(build_request(self.engine, messages, options), cancel)
 
     def stream_completion(self, prompt: str, options: ChatOptions,
                           cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
-        tokens = self.engine.tokenize(prompt, chat=False)
-        return self.engine.stream(self._request(tokens, options), cancel)
+        return self.engine.stream(build_request(self.engine, prompt, options), cancel)
 
     def stopped(self) -> str | None:
         return None  # in this process: if it died, so did we

@@ -25,9 +25,6 @@ class EngineSpec:
     draft_settings: ModelSettings | None = None
     pair_name: str | None = None
     draft_mode: str = "model"
-    # The history the engine keeps (localspec.history's scopes: chat, serve, process); None:
-    # none, so the history drafter never drafts and nothing is written.
-    history: str | None = None
 
     @property
     def display_name(self) -> str:
@@ -45,14 +42,21 @@ def spec_from_pair(pair_name: str, target_settings: ModelSettings = ModelSetting
                       draft_mode=pair.draft_mode)
 
 
-def resolve_files(spec: EngineSpec) -> tuple[Path, Path | None]:
-    """The pair's files, validated (each file, and the pair rule) before any llama.cpp sees
-    them: a bad file is one line here, not a crash in a process that loads it."""
-    from .gguf_meta import read_gguf_info, validate_pair
+def resolve_paths(spec: EngineSpec) -> tuple[Path, Path | None]:
+    """The files the spec names (the draft only where it drafts with it), not yet validated."""
     from .models.names import resolve_model
 
     target = resolve_model(spec.target)
     draft = resolve_model(spec.draft) if spec.draft and spec.draft_mode == "model" else None
+    return target, draft
+
+
+def resolve_files(spec: EngineSpec) -> tuple[Path, Path | None]:
+    """The pair's files, validated (each file, and the pair rule) before any llama.cpp sees
+    them: a bad file is one line here, not a crash in a process that loads it."""
+    from .gguf_meta import read_gguf_info, validate_pair
+
+    target, draft = resolve_paths(spec)
     if draft is not None:
         validate_pair(target, draft)
     else:
@@ -61,25 +65,10 @@ def resolve_files(spec: EngineSpec) -> tuple[Path, Path | None]:
 
 
 def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
-    """Resolve, validate (files and pair) and load. Returns a SpeculativeEngine."""
+    """Resolve and load (``SpeculativeEngine.load`` validates the files and the pair, once).
+    Returns a SpeculativeEngine."""
     from .engine import SpeculativeEngine
 
-    target, draft = resolve_files(spec)
+    target, draft = resolve_paths(spec)
     log.info("loading target %s, draft %s", target, draft)
-    store = None
-    if spec.history is not None:
-        from .history import open_store
-
-        store = open_store(spec.history, target)
-    try:
-        engine = SpeculativeEngine.load(target, draft, spec.target_settings,
-                                        spec.draft_settings, history=store)
-    except BaseException:
-        if store is not None:
-            store.close()
-        raise
-    if store is not None and store.fresh and spec.history == "chat":
-        from .history import seed_from_chats
-
-        seed_from_chats(store, engine)  # a new or rebuilt chat index starts from the chats
-    return engine
+    return SpeculativeEngine.load(target, draft, spec.target_settings, spec.draft_settings)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .chat_engine import ChatEngine
-from .loading import EngineSpec, resolve_files
+from .loading import EngineSpec, resolve_paths
 from .served_engine import ServedChatEngine
 
 
@@ -21,13 +21,16 @@ def open_chat_engine(spec: EngineSpec, log_file: Path | None = None) -> ChatEngi
     takes over), else a private engine process."""
     # Deferred: the server package is a front end (Starlette); this module imports without it.
     from .server import discovery
-    from .server.engine_process import ProcessChatEngine, ProcessOptions
+    from .server.config import ServerConfig
+    from .server.engine_process import ProcessChatEngine
 
-    target, draft = resolve_files(spec)  # a bad file is one line here, not a dead process
+    # Validated once, where the engine loads (in its process): a bad file comes back from it
+    # as one line with its title, and a served pair's files were the server's to check.
+    target, draft = resolve_paths(spec)
     resolved = replace(spec, target=str(target), draft=str(draft) if draft else None)
     served = discovery.find(target, draft)
     if served is not None:
         return ServedChatEngine(resolved, served.url, served.pid, api_key=served.api_key,
                                 model=served.model_id, log_file=log_file)
-    return ProcessChatEngine(resolved, ProcessOptions(model_id=spec.display_name),
+    return ProcessChatEngine(resolved, ServerConfig(model_id=spec.display_name),
                              log_file=log_file)

@@ -30,9 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_draft_options(p)
     add_sampling_options(p)
-    # History off unless asked: a run would draft from the runs before it. On, it is this
-    # process's memory only (a benchmark is its command line, not the user's history).
-    p.set_defaults(max_tokens=BENCH_MAX_TOKENS, history="off")
+    p.set_defaults(max_tokens=BENCH_MAX_TOKENS)
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", type=_prompt,
                    help="a prompt of your own (repeatable); replaces the built-in set")
     p.add_argument("--prompt-file", action="append", default=[], metavar="FILE",
@@ -113,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..benchmarking import BenchConfig, run_bench
     from ..loading import load_engine
-    from ..options import draft_settings, sampling_params
+    from ..options import sampling_params
+    from ..requests import draft_from_settings, fit_draft
 
     prompts = _prompts(args)
     if not prompts:
@@ -121,16 +120,14 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, read_config=False)
     if args.url:
         return _run_remote(args, prompts, settings)
-    from ..history import scope_for
-
-    spec = replace(engine_spec(args, args.pair, settings), history=scope_for("bench", settings))
+    spec = engine_spec(args, args.pair, settings)
     err = Console(stderr=True)
     with load_engine(spec) as engine:
         cfg = BenchConfig(
             max_tokens=settings.max_tokens, repeats=args.repeats, raw=args.raw,
             sampling=sampling_params(settings),
-            draft=replace(draft_settings(replace(settings, draft_mode=spec.draft_mode),
-                                         engine.draft is not None), tree=args.tree == "on"),
+            draft=replace(fit_draft(draft_from_settings(settings, spec.draft_mode),
+                                    engine.draft is not None), tree=args.tree == "on"),
             baseline=args.baseline, sweep=args.sweep_k)
         llama = _baseline_llama(engine) if args.baseline == "llama-cpp-python" else None
         n_runs = len(prompts) * args.repeats * (2 + len(cfg.sweep) + (llama is not None))

@@ -37,7 +37,7 @@ def add_draft_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("drafting")
     add_argument(g, "draft_mode", help_extra="; given: also whether the draft model is loaded")
     add_argument(g, "k", "-k")
-    for name in ("k_max", "accept_rule", "exact", "history"):
+    for name in ("k_max", "accept_rule", "exact"):
         add_argument(g, name)
 
 
@@ -54,12 +54,13 @@ def settings_from(args: argparse.Namespace, read_config: bool) -> Settings:
 def engine_spec(args: argparse.Namespace, pair: str | None, settings: Settings) -> EngineSpec:
     """Build the EngineSpec from --target/--draft or a pair name (or one model's name)."""
     from ..options import model_settings
+    from ..requests import recommended_mode  # deferred: the engine loads when a command runs
 
     ts, ds = model_settings(settings)
     if args.target:
         if pair:
             raise LocalspecError("give either a pair name or --target/--draft, not both")
-        mode = _load_mode(args, "model" if args.draft else "lookup", settings)
+        mode = _load_mode(args, recommended_mode(bool(args.draft)), settings)
         if args.draft_mode == "model" and not args.draft:
             raise LocalspecError("--draft-mode model needs --draft (or use --draft-mode lookup)")
         return EngineSpec(target=args.target, draft=args.draft, target_settings=ts,
@@ -77,7 +78,7 @@ def engine_spec(args: argparse.Namespace, pair: str | None, settings: Settings) 
         except ModelNotFoundError:
             raise not_a_pair from None  # neither a pair nor a model: say so for the pair
         return EngineSpec(target=pair, draft=None, target_settings=ts, draft_settings=ds,
-                          draft_mode=_load_mode(args, "lookup", settings))
+                          draft_mode=_load_mode(args, recommended_mode(False), settings))
     return EngineSpec(target=spec.target, draft=spec.draft, target_settings=ts,
                       draft_settings=ds, pair_name=spec.pair_name,
                       draft_mode=_load_mode(args, spec.draft_mode, settings))

@@ -36,23 +36,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from ..engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
+    from ..engine import DraftSettings, ModelSettings, SpeculativeEngine
     from ..loading import EngineSpec
     from ..models.tiny import build_demo_pair
     from ..paths import demo_models_dir
+    from ..requests import ChatOptions, build_request, prompt_tokens
 
     target, draft = build_demo_pair(demo_models_dir())
     settings = ModelSettings(n_ctx=2048)
     modes = {"target alone": DraftSettings(mode="none"), "auto": DraftSettings(mode="model"),
              f"fixed K={DEMO_K}": DraftSettings(mode="model", k=DEMO_K)}
     with SpeculativeEngine.load(target, draft, settings, settings) as engine:
-        prompt = engine.tokenize(DEMO_PROMPT, chat=False)
+        prompt = prompt_tokens(engine, DEMO_PROMPT)
         for mode in modes.values():  # warm-up: llama.cpp builds its graphs, auto calibrates
-            engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=8, draft=mode))
+            engine.generate(build_request(engine, prompt, ChatOptions(max_tokens=8, draft=mode)))
         results = {}
         for label, mode in modes.items():
             engine.clear_caches()
-            req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens, draft=mode)
+            req = build_request(engine, prompt, ChatOptions(max_tokens=args.max_tokens,
+                                                            draft=mode))
             results[label] = engine.generate(req)
         costs = _costs_line(engine)
     plain = results["target alone"]

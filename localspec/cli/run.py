@@ -19,7 +19,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
-    from ..engine import SpeculativeEngine
+    from ..engine import GenerationRequest, SpeculativeEngine
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="generate with a pair: streams the text to stdout",
@@ -56,48 +56,39 @@ def _split_words(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     if args.url:
         return _run_remote(args)
     pair, prompt = _split_words(args)
     settings = settings_from(args, read_config=True)
-    from ..history import scope_for
-
-    # The user's own history, the chat app's: run is one more of their requests.
-    spec = replace(engine_spec(args, pair, settings), history=scope_for("chat", settings))
+    spec = engine_spec(args, pair, settings)
     if prompt is None:
         prompt = stdin_text()
     if prompt is None:
         return _open_tui(spec)
     if not prompt.strip():
         raise LocalspecError("the prompt is empty")
-    from ..engine import GenerationRequest
     from ..loading import load_engine
-    from ..options import draft_settings, sampling_params
 
     with load_engine(spec) as engine:
         if args.verbose:
             _describe_load(engine)
-        if args.raw:
-            tokens = engine.tokenize(prompt, chat=False)
-        else:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt})
-            tokens = engine.tokenize(engine.chat_prompt(messages), chat=True)
-        req = GenerationRequest(
-            prompt_tokens=tokens, max_tokens=settings.max_tokens,
-            sampling=sampling_params(settings), stop=tuple(args.stop),
-            draft=draft_settings(replace(settings, draft_mode=spec.draft_mode),
-                                 engine.draft is not None))
-        return _stream(engine, req, args)
+        return _stream(engine, request_for(engine, args, settings, spec.draft_mode, prompt),
+                       args)
+
+
+def request_for(engine: SpeculativeEngine, args: argparse.Namespace, settings: Any,
+                draft_mode: str, prompt: str) -> GenerationRequest:
+    """The engine's request for ``run``'s prompt, built as every front end builds one."""
+    from ..requests import build_request, options_from_settings
+
+    options = options_from_settings(settings, draft_mode=draft_mode, stop=args.stop)
+    return build_request(engine, _prompt(args, prompt), options)
 
 
 def _run_remote(args: argparse.Namespace) -> int:
     """``run --url``: the same answer from a server (its models, its drafting unless set)."""
-    from ..chat_engine import ChatOptions
-    from ..options import draft_settings, sampling_params
     from ..remote import RemoteEngine
+    from ..requests import options_from_settings
 
     if args.target or args.draft:
         raise LocalspecError("give either --url or models (--target/--draft), not both")
@@ -106,19 +97,23 @@ def _run_remote(args: argparse.Namespace) -> int:
     if prompt is None or not prompt.strip():
         raise LocalspecError("the prompt is empty (pass it as an argument or on stdin)")
     settings = settings_from(args, read_config=True)
-    draft = draft_settings(settings, True) if any(
+    # The server drafts as it was configured unless a drafting flag is given.
+    options = options_from_settings(settings, stop=args.stop, draft=any(
         getattr(args, name) is not None for name in ("draft_mode", "k", "k_max", "accept_rule",
-                                                     "exact", "history")) else None
-    options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
-                          stop=tuple(args.stop), draft=draft)
+                                                     "exact")))
     with RemoteEngine(args.url, api_key=args.api_key) as engine:
-        if args.raw:
-            events = engine.stream_completion(prompt, options)
-        else:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt})
-            events = engine.stream_chat(messages, options)  # type: ignore[arg-type]
+        asked = _prompt(args, prompt)
+        events = (engine.stream_completion(asked, options) if isinstance(asked, str)
+                  else engine.stream_chat(asked, options))
         return _print_events(events, args, threading.Event())
+
+
+def _prompt(args: argparse.Namespace, prompt: str) -> Any:
+    """The prompt as given (--raw), else the chat: --system's message, then the prompt's."""
+    if args.raw:
+        return prompt
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return [*system, {"role": "user", "content": prompt}]
 
 
 def _describe_load(engine: SpeculativeEngine) -> None:

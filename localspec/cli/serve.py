@@ -44,27 +44,29 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     # Deferred: the HTTP stack loads only when serving; the models load in the engine process.
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
-    from ..history import scope_for
     from ..loading import resolve_files
     from ..models.names import display_name
-    from ..options import draft_settings
+    from ..requests import draft_from_settings, fit_draft
     from ..server import ServerConfig
-    from ..server.engine_process import EngineProcess, ProcessOptions
+    from ..server.engine_process import EngineProcess
     from ..server.front import create_front_app
     from ..server.running import base_url, bound_port, serve
 
     settings = settings_from(args, read_config=True)
-    # Its own index, apart from the chat app's, unless config.toml joins them.
-    spec = replace(engine_spec(args, args.pair, settings), history=scope_for("serve", settings))
+    spec = engine_spec(args, args.pair, settings)
     model_id = args.model_name or spec.pair_name or display_name(spec.target)
     aliases = tuple(n for n in (spec.pair_name, display_name(spec.target)) if n)
-    draft = draft_settings(replace(settings, draft_mode=spec.draft_mode),
-                           spec.draft_mode == "model" and spec.draft is not None)
-    ServerConfig(model_id=model_id, queue_size=args.queue_size,
-                 max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-                 draft=draft).validate()
+    draft = fit_draft(draft_from_settings(settings, spec.draft_mode),
+                      spec.draft_mode == "model" and spec.draft is not None)
+    # One configuration for both processes: the front checks its key and body limit, the
+    # engine process answers by the rest (with a key of its own).
+    config = ServerConfig(model_id=model_id, aliases=aliases, api_key=args.api_key or None,
+                          queue_size=args.queue_size, max_tokens_limit=args.max_tokens_limit,
+                          default_max_tokens=settings.max_tokens,
+                          max_body_bytes=args.max_body_bytes, draft=draft)
+    config.validate()
     # Before loading: a taken port is reported in a moment, not after the models have loaded,
     # and the port stays ours while they load (the same sockets are served).
     sockets = _listen(args.host, args.port)
@@ -74,10 +76,7 @@ def run(args: argparse.Namespace) -> int:
               "reach this port can use the model", file=sys.stderr)
     url = base_url(args.host, bound_port(sockets))
     resolved = replace(spec, target=str(target), draft=str(draft_path) if draft_path else None)
-    process = EngineProcess(resolved, ProcessOptions(
-        model_id=model_id, aliases=aliases, queue_size=args.queue_size,
-        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-        default_max_tokens=settings.max_tokens, draft=asdict(draft)))
+    process = EngineProcess(resolved, config)
     announced: list[Path] = []
 
     def ready(restarts: int) -> None:
@@ -91,9 +90,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
 
     failure: list[str] = []
-    front = create_front_app(process, api_key=args.api_key or None, model_id=model_id,
-                             max_body_bytes=args.max_body_bytes, on_ready=ready,
-                             on_give_up=failure.append)
+    front = create_front_app(process, config, on_ready=ready, on_give_up=failure.append)
     try:
         # The address first: with --port 0 a script learns the port while the models load
         # (/health answers "loading" meanwhile).

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import math
@@ -27,6 +26,8 @@ from starlette.routing import Route
 from ..engine.decoder import Finished
 from ..engine.text import TextChunk
 from ..errors import ContextOverflowError, LocalspecError
+from ..requests import ChatOptions, build_request
+from .access import authorize, read_body
 from .config import ServerConfig
 from .metrics import Metrics
 from .openai_schema import (
@@ -35,25 +36,22 @@ from .openai_schema import (
     ParsedRequest,
     chunk,
     error_body,
+    fit_context,
     full_response,
-    generation_request,
     models_list,
     new_id,
     parse_request,
+    request_options,
     sse,
     usage_chunk,
 )
 from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
 
 if TYPE_CHECKING:
-    from ..engine.decoder import SpeculativeEngine
+    from ..engine.decoder import GenerationRequest, SpeculativeEngine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# A body over the limit is still read (up to this much) before answering 413: closing the
-# connection while the client is still sending makes it see a reset instead of the error body.
-_DRAIN_CAP = 32 << 20
 
 
 @dataclass(slots=True)
@@ -143,7 +141,7 @@ def _endpoint(fn: Handler, auth: bool = True) -> Callable[[Request], Any]:
         state: ServerState = request.app.state.localspec
         try:
             if auth:
-                _authorize(request, state.config)
+                authorize(request, state.config)
             response: Response = await fn(request, state)
             return response
         except ApiError as err:
@@ -175,33 +173,10 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
                         status_code=exc.status_code, headers=exc.headers)
 
 
-def _authorize(request: Request, config: ServerConfig) -> None:
-    if config.api_key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             config.api_key.encode()):
-        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-
-async def _read_json(request: Request, limit: int) -> Any:
-    too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} "
-                            "bytes (--max-body-bytes)", code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > _DRAIN_CAP:
-        raise too_big
-    size, parts = 0, []
-    async for part in request.stream():
-        size += len(part)
-        if size > _DRAIN_CAP:
-            raise too_big
-        if size <= limit:
-            parts.append(part)
-    if size > limit:
-        raise too_big
+async def _read_json(request: Request, config: ServerConfig) -> Any:
+    body = await read_body(request, config)
     try:
-        return json.loads(b"".join(parts))
+        return json.loads(body)
     except RecursionError as exc:  # e.g. b"[" * 100_000: the decoder recurses per level
         raise ApiError(400, "the request body is not valid JSON (nested too deeply)") from exc
     except ValueError as exc:
@@ -285,8 +260,11 @@ async def _health(request: Request, state: ServerState) -> Response:
         return JSONResponse({"status": "ok", "model": state.config.model_id,
                              "queue_waiting": worker.queued, "busy": worker.busy})
     if worker.state == "failed":
-        return JSONResponse({"status": "error", "error": str(worker.load_error)},
-                            status_code=500)
+        # The title too: an engine process's owner raises the error as it was (a bad file is
+        # "Invalid model file" in the chat app, whichever process found it).
+        title = getattr(worker.load_error, "title", None)
+        return JSONResponse({"status": "error", "error": str(worker.load_error),
+                             **({"title": title} if title else {})}, status_code=500)
     return JSONResponse({"status": worker.state}, status_code=503,
                         headers={"Retry-After": "1"})
 
@@ -316,15 +294,14 @@ async def _completions(request: Request, state: ServerState) -> Response:
 
 async def _generate(request: Request, state: ServerState, kind: Kind) -> Response:
     state.metrics.request(kind)
-    parsed = parse_request(await _read_json(request, state.config.max_body_bytes), kind,
-                           state.config)
+    parsed = parse_request(await _read_json(request, state.config), kind, state.config)
     model = _check_model(parsed.model, state)
     engine = state.worker.engine
     if engine is None or state.worker.state != "ready":
         raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
-    tokens = await _on_engine(state, lambda: _tokenize(engine, parsed))
-    gen = generation_request(parsed, tokens, engine.target.n_ctx, state.config,
-                             engine.draft is not None)
+    options = request_options(parsed, state.config)
+    built = await _on_engine(state, lambda: _build(engine, parsed, options))
+    gen = fit_context(built, parsed, engine.target.n_ctx, state.config)
     events = _Events(state.metrics)
     try:
         job = state.worker.submit(gen, events.sink)
@@ -359,18 +336,20 @@ def _check_model(name: str | None, state: ServerState) -> str:
                    param="model", code="model_not_found")
 
 
-def _tokenize(engine: SpeculativeEngine, parsed: ParsedRequest) -> tuple[int, ...]:
-    """On the engine thread: the prompt's tokens."""
+def _build(engine: SpeculativeEngine, parsed: ParsedRequest,
+           options: ChatOptions) -> GenerationRequest:
+    """On the engine thread (it tokenizes): the engine's request, as every front end builds
+    it."""
     if parsed.messages is not None:
-        return engine.tokenize(engine.chat_prompt(parsed.messages), chat=True)
+        return build_request(engine, parsed.messages, options)
     if parsed.prompt is not None:
-        return engine.tokenize(parsed.prompt, chat=False)
+        return build_request(engine, parsed.prompt, options)
     assert parsed.prompt_tokens is not None
     bad = [t for t in parsed.prompt_tokens if not 0 <= t < engine.target.n_vocab]
     if bad:
         raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "
                             f"(0..{engine.target.n_vocab - 1})", param="prompt")
-    return parsed.prompt_tokens
+    return build_request(engine, parsed.prompt_tokens, options)
 
 
 def _shutdown_cancelled() -> ApiError:

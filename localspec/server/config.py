@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..engine.decoder import DraftSettings
 from ..engine.sampling import SamplingParams
@@ -42,3 +43,19 @@ class ServerConfig:
             raise ValueError("max tokens limit must be >= 1")
         if self.max_body_bytes < 1024:
             raise ValueError("max body bytes must be >= 1024")
+
+    def to_json(self) -> dict[str, Any]:
+        """Every setting as JSON values (how an engine process is told what to serve)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerConfig:
+        """:meth:`to_json`'s inverse (a setting it does not name keeps its default)."""
+        values = dict(data)
+        if "aliases" in values:
+            values["aliases"] = tuple(values["aliases"])
+        if "draft" in values:
+            values["draft"] = DraftSettings(**values["draft"])
+        if "default_sampling" in values:
+            values["default_sampling"] = SamplingParams(**values["default_sampling"])
+        return cls(**values)

@@ -32,24 +32,17 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from ..engine import activity
-    from ..engine.decoder import DraftSettings
     from ..loading import load_engine
     from .app import create_app
     from .config import ServerConfig
-    from .engine_process import KEY_ENV, ProcessOptions, spec_from_json, watch_parent
+    from .engine_process import KEY_ENV, spec_from_json, watch_parent
 
     watch_parent(os.getppid())
     activity.install(activity.Board.file(Path(args.activity)))
     config = json.loads(args.config)
     spec = spec_from_json(config["spec"])
-    opts = ProcessOptions(**config["options"])
-    server = ServerConfig(model_id=opts.model_id, aliases=tuple(opts.aliases),
-                          api_key=os.environ.pop(KEY_ENV, None),
-                          queue_size=opts.queue_size, max_tokens_limit=opts.max_tokens_limit,
-                          max_body_bytes=opts.max_body_bytes,
-                          draft=DraftSettings(**opts.draft))
-    if opts.default_max_tokens:
-        server = dataclasses.replace(server, default_max_tokens=opts.default_max_tokens)
+    server = dataclasses.replace(ServerConfig.from_json(config["options"]),
+                                 api_key=os.environ.pop(KEY_ENV, None))
     app = create_app(lambda: load_engine(spec), server)
     uvicorn.Server(uvicorn.Config(app, uds=args.socket, log_level="warning",
                                   timeout_graceful_shutdown=5)).run()

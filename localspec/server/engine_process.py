@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +34,8 @@ from ..engine.activity import Activity, Board
 from ..engine.llama_backend import ModelSettings
 from ..errors import EngineStoppedError, LocalspecError
 from ..loading import EngineSpec
+from ..signals import signal_name
+from .config import ServerConfig
 from .engine_dirs import SOCKET_NAME, make_engine_dir
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,7 @@ class ProcessEnd:
     def describe(self) -> str:
         """``signal 11 (SIGSEGV) while verifying with target.gguf`` or ``exit code 1: ...``."""
         if self.returncode < 0:
-            try:
-                name = signal.Signals(-self.returncode).name
-            except ValueError:
-                name = "unknown"
-            what = f"signal {-self.returncode} ({name})"
+            what = f"signal {-self.returncode} ({signal_name(-self.returncode, 'unknown')})"
         else:
             what = f"exit code {self.returncode}"
         doing = f" while {self.activity.describe()}" if self.activity else ""
@@ -70,17 +67,9 @@ class ProcessEnd:
         return f"{what}{doing}{error}"
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessOptions:
-    """What the engine process serves, besides the models (see ServerConfig)."""
-
-    model_id: str
-    aliases: tuple[str, ...] = ()
-    queue_size: int = 16
-    max_tokens_limit: int = 4096
-    max_body_bytes: int = 1 << 20
-    default_max_tokens: int | None = None
-    draft: dict[str, Any] = dataclasses.field(default_factory=dict)  # DraftSettings fields
+# What an engine process serves besides the models is a ServerConfig: the process answers as a
+# server so configured would, except that its API key is the process's own random one.
+ProcessOptions = ServerConfig
 
 
 def _spec_to_json(spec: EngineSpec) -> dict[str, Any]:
@@ -93,16 +82,17 @@ def spec_from_json(data: dict[str, Any]) -> EngineSpec:
     ds = ModelSettings(**data["draft_settings"]) if data.get("draft_settings") else None
     return EngineSpec(target=data["target"], draft=data.get("draft"), target_settings=ts,
                       draft_settings=ds, pair_name=data.get("pair_name"),
-                      draft_mode=data.get("draft_mode", "model"), history=data.get("history"))
+                      draft_mode=data.get("draft_mode", "model"))
 
 
 class EngineProcess:
     """One engine child process. ``start()`` returns once it answers (the models are loaded)."""
 
-    def __init__(self, spec: EngineSpec, options: ProcessOptions,
+    def __init__(self, spec: EngineSpec, options: ServerConfig,
                  log_file: Path | None = None) -> None:
         self.spec = spec
-        self.options = options
+        # The key goes to the child in its environment, never on its command line.
+        self.options = dataclasses.replace(options, api_key=None)
         self.key = secrets.token_urlsafe(24)
         # A short private folder: unix socket paths are limited to ~100 bytes. Making it also
         # removes the folders of engines whose owner was killed before it could (SIGKILL).
@@ -119,7 +109,7 @@ class EngineProcess:
         """Spawn the child and wait until it serves; EngineStoppedError if it dies first."""
         self._board.clear()
         spec = json.dumps({"spec": _spec_to_json(self.spec),
-                           "options": dataclasses.asdict(self.options)})
+                           "options": self.options.to_json()})
         env = {**os.environ, KEY_ENV: self.key}
         err = self._stderr_path.open("wb")
         try:
@@ -148,7 +138,9 @@ class EngineProcess:
                         return
                     if status == "error":
                         self.stop()
-                        raise LocalspecError(str(health.json().get("error") or "load failed"))
+                        failed = health.json()
+                        raise LocalspecError(str(failed.get("error") or "load failed"),
+                                             title=failed.get("title"))
                 if time.monotonic() > deadline:
                     self.stop()
                     raise EngineStoppedError("the engine process did not start in time")
@@ -215,7 +207,7 @@ class ProcessChatEngine:
     11 (SIGSEGV) while verifying with target.gguf"); ``restart()`` starts a fresh process on the
     same pair (the conversation lives in the app, not here)."""
 
-    def __init__(self, spec: EngineSpec, options: ProcessOptions,
+    def __init__(self, spec: EngineSpec, options: ServerConfig,
                  log_file: Path | None = None) -> None:
         from ..remote import RemoteEngine
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,8 +28,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import LocalspecError
+from .access import authorize, read_body
+from .config import ServerConfig
 from .engine_process import END_GRACE_SECONDS, EngineProcess, ProcessEnd
-from .openai_schema import error_body, sse
+from .openai_schema import ApiError, error_body, sse
 
 log = logging.getLogger(__name__)
 
@@ -105,155 +106,176 @@ class Supervisor:
                 queue.put_nowait(_STOP)  # a full queue is read soon, and the flag seen
 
 
-def create_front_app(process: EngineProcess, *, api_key: str | None, model_id: str,
-                     max_body_bytes: int,
+@dataclass(slots=True)
+class Front:
+    """What the front's handlers share: the supervised engine process, the client that reaches
+    it, and the settings (whose key and body limit ``access`` checks, as the engine's app does)."""
+
+    supervisor: Supervisor
+    client: httpx.AsyncClient
+    config: ServerConfig
+
+
+def create_front_app(process: EngineProcess, config: ServerConfig, *,
                      on_ready: Callable[[int], None] | None = None,
                      on_give_up: Callable[[str], None] | None = None) -> Starlette:
-    """The public app over ``process`` (started and supervised by the app's lifespan);
-    ``on_ready(restarts)`` runs each time an engine process starts serving, ``on_give_up(why)``
-    once if the first load fails (nothing is retried then: the caller should stop serving).
-    ``app.state.supervisor.begin_shutdown`` ends the relays in flight (see ``running.serve``)."""
+    """The public app over ``process`` (started and supervised by the app's lifespan), serving
+    as ``config`` says (its model id, API key and body limit); ``on_ready(restarts)`` runs each
+    time an engine process starts serving, ``on_give_up(why)`` once if the first load fails
+    (nothing is retried then: the caller should stop serving). ``app.state.supervisor
+    .begin_shutdown`` ends the relays in flight (see ``running.serve``)."""
     sup = Supervisor(process, on_ready, on_give_up)
     client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=process.socket_path),
                                base_url="http://engine", timeout=httpx.Timeout(None, connect=5.0),
                                headers={"Authorization": f"Bearer {process.key}"})
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(sup.run())
-        try:
-            yield
-        finally:
-            task.cancel()
-            await client.aclose()
-            await asyncio.to_thread(process.close)
-
-    async def health(request: Request) -> Response:
-        body: dict[str, Any] = {"status": sup.state, "model": model_id,
-                                "restarts": sup.restarts, "engine_pid": process.pid}
-        if sup.last_end is not None:
-            body["last_stop"] = sup.cause()
-        if sup.error:
-            body["error"] = sup.error
-        if sup.state != "ok":
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            inner = (await client.get("/health")).json()
-            body.update({k: v for k, v in inner.items() if k in ("queue_waiting", "busy")})
-        return JSONResponse(body)
-
-    def unavailable() -> Response:
-        if sup.state == "restarting":
-            message = f"the engine stopped ({sup.cause()}) and is restarting; retry shortly"
-        elif sup.state == "failed":
-            message = f"the engine failed to start: {sup.error}"
-        else:
-            message = "the model is still loading; retry shortly"
-        return JSONResponse(error_body(message, "server_error", code="unavailable"),
-                            status_code=503, headers={"Retry-After": "2"})
-
-    async def stopped_during(request_path: str, restarts_before: int) -> str:
-        # The supervisor alone watches the process: a broken connection can arrive before it
-        # has seen the exit, or after it has already started the next engine (whose end() is
-        # None), so the question is whether an end was recorded since the request began.
-        for _ in range(int(END_GRACE_SECONDS / 0.05)):
-            if sup.restarts != restarts_before and sup.last_end is not None:
-                return f"the engine stopped ({sup.last_end.describe()}) while answering; it " \
-                       "restarts by itself: retry shortly"
-            await asyncio.sleep(0.05)
-        return f"the engine did not answer {request_path}"
-
-    async def relay(request: Request) -> Response:
-        if api_key is not None:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                     api_key.encode()):
-                return JSONResponse(error_body("invalid or missing API key (send "
-                                               "'Authorization: Bearer KEY')",
-                                               code="invalid_api_key"),
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        if sup.shutting_down:
-            return shutting_down()
-        if sup.state != "ok":
-            return unavailable()
-        restarts_before = sup.restarts
-        try:
-            body = await _read(request, max_body_bytes)
-        except ClientDisconnect:
-            log.info("%s %s: the client disconnected while sending its request",
-                     request.method, request.url.path)
-            return Response(status_code=499)
-        if body is None:
-            return JSONResponse(error_body(f"the request body is larger than this server's "
-                                           f"limit of {max_body_bytes} bytes (--max-body-bytes)",
-                                           code="request_too_large"), status_code=413)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        upstream_request = client.build_request(request.method, request.url.path,
-                                                params=request.query_params, content=body,
-                                                headers=headers)
-        try:
-            # A non-streamed answer's status line comes once it is generated: shutting down
-            # does not wait for that.
-            upstream = await _unless_stopping(sup.stopping,
-                                              client.send(upstream_request, stream=True))
-        except httpx.HTTPError:
-            if sup.shutting_down:
-                return shutting_down()
-            message = await stopped_during(request.url.path, restarts_before)
-            return JSONResponse(error_body(message, "server_error", code="engine_stopped"),
-                                status_code=503, headers={"Retry-After": "2"})
-        if upstream is None:
-            return shutting_down()
-        streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-        out_headers = {k: v for k, v in upstream.headers.items()
-                       if k.lower() not in _HOP_HEADERS}
-        return StreamingResponse(forward(upstream, streaming, request.url.path, restarts_before),
-                                 status_code=upstream.status_code, headers=out_headers)
-
-    def shutting_down() -> Response:
-        return JSONResponse(error_body(_SHUTDOWN_MESSAGE, "server_error", code="shutting_down"),
-                            status_code=503, headers={"Retry-After": "5"})
-
-    async def forward(upstream: httpx.Response, streaming: bool, path: str,
-                      restarts_before: int) -> AsyncIterator[bytes]:
-        # A pump task reads the engine's answer into a queue, so that shutting down can end a
-        # stream between two events (``begin_shutdown`` puts _STOP in the queue). A non-streamed
-        # body is relayed whole: it was generated before its status line came.
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
-        pump = asyncio.create_task(_pump(upstream, queue))
-        if streaming:
-            sup.streams.add(queue)
-        try:
-            while True:
-                piece = await queue.get()
-                if streaming and (piece is _STOP or sup.shutting_down):
-                    yield sse(error_body(f"the generation was cancelled ({_SHUTDOWN_MESSAGE})",
-                                         "server_error", code="shutting_down"))
-                    yield sse("[DONE]")
-                    return
-                if piece is _END:
-                    return
-                if isinstance(piece, httpx.HTTPError):
-                    message = _SHUTDOWN_MESSAGE if sup.shutting_down \
-                        else await stopped_during(path, restarts_before)
-                    if streaming:  # the status line is gone: the error goes in the stream
-                        yield sse(error_body(message, "server_error", code="engine_stopped"))
-                        yield sse("[DONE]")
-                    return
-                yield piece
-        finally:
-            sup.streams.discard(queue)
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-            await upstream.aclose()  # a client that left: the engine stops generating
-
-    routes = [Route("/health", health, methods=["GET"]),
-              Route("/metrics", relay, methods=["GET"]),
-              Route("/v1/{path:path}", relay, methods=["GET", "POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    routes = [Route("/health", _health, methods=["GET"]),
+              Route("/metrics", _relay, methods=["GET"]),
+              Route("/v1/{path:path}", _relay, methods=["GET", "POST"])]
+    app = Starlette(routes=routes, lifespan=_lifespan)
+    app.state.front = Front(sup, client, config)
     app.state.supervisor = sup
     return app
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    front: Front = app.state.front
+    task = asyncio.create_task(front.supervisor.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await front.client.aclose()
+        await asyncio.to_thread(front.supervisor.process.close)
+
+
+def _front(request: Request) -> Front:
+    front: Front = request.app.state.front
+    return front
+
+
+async def _health(request: Request) -> Response:
+    front = _front(request)
+    sup = front.supervisor
+    body: dict[str, Any] = {"status": sup.state, "model": front.config.model_id,
+                            "restarts": sup.restarts, "engine_pid": sup.process.pid}
+    if sup.last_end is not None:
+        body["last_stop"] = sup.cause()
+    if sup.error:
+        body["error"] = sup.error
+    if sup.state != "ok":
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        inner = (await front.client.get("/health")).json()
+        body.update({k: v for k, v in inner.items() if k in ("queue_waiting", "busy")})
+    return JSONResponse(body)
+
+
+def _unavailable(sup: Supervisor) -> Response:
+    if sup.state == "restarting":
+        message = f"the engine stopped ({sup.cause()}) and is restarting; retry shortly"
+    elif sup.state == "failed":
+        message = f"the engine failed to start: {sup.error}"
+    else:
+        message = "the model is still loading; retry shortly"
+    return JSONResponse(error_body(message, "server_error", code="unavailable"),
+                        status_code=503, headers={"Retry-After": "2"})
+
+
+def _shutting_down() -> Response:
+    return JSONResponse(error_body(_SHUTDOWN_MESSAGE, "server_error", code="shutting_down"),
+                        status_code=503, headers={"Retry-After": "5"})
+
+
+async def _stopped_during(sup: Supervisor, request_path: str, restarts_before: int) -> str:
+    # The supervisor alone watches the process: a broken connection can arrive before it has
+    # seen the exit, or after it has already started the next engine (whose end() is None),
+    # so the question is whether an end was recorded since the request began.
+    for _ in range(int(END_GRACE_SECONDS / 0.05)):
+        if sup.restarts != restarts_before and sup.last_end is not None:
+            return f"the engine stopped ({sup.last_end.describe()}) while answering; it " \
+                   "restarts by itself: retry shortly"
+        await asyncio.sleep(0.05)
+    return f"the engine did not answer {request_path}"
+
+
+async def _relay(request: Request) -> Response:
+    front = _front(request)
+    sup, client = front.supervisor, front.client
+    try:
+        authorize(request, front.config)
+    except ApiError as err:
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    if sup.shutting_down:
+        return _shutting_down()
+    if sup.state != "ok":
+        return _unavailable(sup)
+    restarts_before = sup.restarts
+    try:
+        body = await read_body(request, front.config)
+    except ClientDisconnect:
+        log.info("%s %s: the client disconnected while sending its request",
+                 request.method, request.url.path)
+        return Response(status_code=499)
+    except ApiError as err:
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+    upstream_request = client.build_request(request.method, request.url.path,
+                                            params=request.query_params, content=body,
+                                            headers=headers)
+    try:
+        # A non-streamed answer's status line comes once it is generated: shutting down does
+        # not wait for that.
+        upstream = await _unless_stopping(sup.stopping,
+                                          client.send(upstream_request, stream=True))
+    except httpx.HTTPError:
+        if sup.shutting_down:
+            return _shutting_down()
+        message = await _stopped_during(sup, request.url.path, restarts_before)
+        return JSONResponse(error_body(message, "server_error", code="engine_stopped"),
+                            status_code=503, headers={"Retry-After": "2"})
+    if upstream is None:
+        return _shutting_down()
+    streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+    return StreamingResponse(_forward(sup, upstream, streaming, request.url.path,
+                                      restarts_before),
+                             status_code=upstream.status_code, headers=out_headers)
+
+
+async def _forward(sup: Supervisor, upstream: httpx.Response, streaming: bool, path: str,
+                   restarts_before: int) -> AsyncIterator[bytes]:
+    # A pump task reads the engine's answer into a queue, so that shutting down can end a
+    # stream between two events (``begin_shutdown`` puts _STOP in the queue). A non-streamed
+    # body is relayed whole: it was generated before its status line came.
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+    pump = asyncio.create_task(_pump(upstream, queue))
+    if streaming:
+        sup.streams.add(queue)
+    try:
+        while True:
+            piece = await queue.get()
+            if streaming and (piece is _STOP or sup.shutting_down):
+                yield sse(error_body(f"the generation was cancelled ({_SHUTDOWN_MESSAGE})",
+                                     "server_error", code="shutting_down"))
+                yield sse("[DONE]")
+                return
+            if piece is _END:
+                return
+            if isinstance(piece, httpx.HTTPError):
+                message = _SHUTDOWN_MESSAGE if sup.shutting_down \
+                    else await _stopped_during(sup, path, restarts_before)
+                if streaming:  # the status line is gone: the error goes in the stream
+                    yield sse(error_body(message, "server_error", code="engine_stopped"))
+                    yield sse("[DONE]")
+                return
+            yield piece
+    finally:
+        sup.streams.discard(queue)
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+        await upstream.aclose()  # a client that left: the engine stops generating
 
 
 async def _pump(upstream: httpx.Response, queue: asyncio.Queue[Any]) -> None:
@@ -281,14 +303,3 @@ async def _unless_stopping(stopping: asyncio.Event, work: Awaitable[T]) -> T | N
         return await task
     except asyncio.CancelledError:
         return None
-
-
-async def _read(request: Request, limit: int) -> bytes | None:
-    """The whole body, or None when it is over ``limit``."""
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            return None
-        parts.append(part)
-    return b"".join(parts)

@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ..engine.decoder import DraftSettings, Finished, GenerationRequest
+from ..engine.decoder import Finished, GenerationRequest
 from ..engine.sampling import SamplingParams
 from ..engine.stats import GenerationStats
+from ..requests import ChatOptions
 from .config import ServerConfig
 
 Kind = Literal["chat", "completion"]
@@ -28,7 +29,7 @@ _COMMON = {
     # llama.cpp-style extensions (llama-server and vLLM accept the same names)
     "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
     # localspec's own: how this request drafts (see `localspec run --help`)
-    "exact", "draft_mode", "k", "k_max", "accept_rule", "history",
+    "exact", "draft_mode", "k", "k_max", "accept_rule",
     # accepted and ignored: they do not change the generated text
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
@@ -345,18 +346,14 @@ def _checked(name: str, value: Any, label: str | None = None) -> Any:
 
 
 def _draft_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """localspec's extension: draft_mode, k (a number or "auto"), k_max, accept_rule, exact,
-    history ("on"/"off", or true/false)."""
+    """localspec's extension: draft_mode, k (a number or "auto"), k_max, accept_rule, exact."""
     out: dict[str, Any] = {}
-    for key in ("draft_mode", "k", "k_max", "accept_rule", "exact", "history"):
+    for key in ("draft_mode", "k", "k_max", "accept_rule", "exact"):
         if key not in body or body[key] is None:
             continue
         value = body[key]
         if key == "k" and isinstance(value, str) and value.lower() == "auto":
             out[key] = None
-            continue
-        if key == "history":  # DraftSettings holds it as a bool
-            out[key] = value if isinstance(value, bool) else _checked(key, value) == "on"
             continue
         out[key] = _checked(key, value)
     return out
@@ -476,20 +473,27 @@ def sse(payload: Mapping[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _draft(base: DraftSettings, fields: dict[str, Any], has_draft_model: bool) -> DraftSettings:
-    names = {"draft_mode": "mode", "k": "k", "k_max": "k_max", "accept_rule": "rule",
-             "exact": "exact", "history": "history"}
-    draft = replace(base, **{names[k]: v for k, v in fields.items()})
-    if draft.mode == "model" and not has_draft_model:
-        draft = replace(draft, mode="lookup")  # as in the chat app: the draft model when loaded
-    return draft
+# The wire's names for localspec's drafting fields, and DraftSettings' names for them.
+_DRAFT_FIELDS = {"draft_mode": "mode", "k": "k", "k_max": "k_max", "accept_rule": "rule",
+                 "exact": "exact"}
 
 
-def generation_request(parsed: ParsedRequest, tokens: tuple[int, ...], n_ctx: int,
-                       config: ServerConfig, has_draft_model: bool = True) -> GenerationRequest:
-    """The engine request, once the prompt is tokenized; checks the context window."""
+def request_options(parsed: ParsedRequest, config: ServerConfig) -> ChatOptions:
+    """The request's options for ``requests.build_request``: its drafting fields over the
+    server's drafting, and its max_tokens (the server's default when it names none, which
+    :func:`fit_context` fits to the context once the prompt is tokenized)."""
+    draft = replace(config.draft, **{_DRAFT_FIELDS[k]: v for k, v in parsed.draft.items()})
+    return ChatOptions(max_tokens=parsed.max_tokens or config.default_max_tokens,
+                       sampling=parsed.sampling, stop=parsed.stop, draft=draft)
+
+
+def fit_context(req: GenerationRequest, parsed: ParsedRequest, n_ctx: int,
+                config: ServerConfig) -> GenerationRequest:
+    """``req`` checked against the context window: a prompt that does not fit, or does not
+    leave room for the max_tokens asked for, is a 400; a request that asked for none gets what
+    the context holds, up to the server's default and limit."""
     param = "messages" if parsed.kind == "chat" else "prompt"
-    n = len(tokens)
+    n = len(req.prompt_tokens)
     if n == 0:
         raise bad_param(param, "the prompt is empty")
     if n >= n_ctx:
@@ -501,8 +505,7 @@ def generation_request(parsed: ParsedRequest, tokens: tuple[int, ...], n_ctx: in
                             f"{n + parsed.max_tokens} were requested ({n} in the prompt, "
                             f"{parsed.max_tokens} for the completion); lower max_tokens",
                        param="max_tokens", code="context_length_exceeded")
-    max_tokens = parsed.max_tokens or min(config.default_max_tokens, config.max_tokens_limit,
-                                          n_ctx - n)
-    draft = _draft(config.draft, parsed.draft, has_draft_model)
-    return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens,
-                             sampling=parsed.sampling, stop=parsed.stop, draft=draft)
+    if parsed.max_tokens is not None:
+        return req
+    return replace(req, max_tokens=min(config.default_max_tokens, config.max_tokens_limit,
+                                       n_ctx - n))

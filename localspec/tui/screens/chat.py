@@ -30,7 +30,8 @@ from ...chat_store import ChatStore, StoredMessage
 from ...engine import GenerationStats, TextChunk
 from ...errors import ContextOverflowError, EngineStoppedError
 from ...monitor import MachineSample
-from ...options import Settings, draft_settings, sampling_params
+from ...options import Settings, sampling_params
+from ...requests import draft_from_settings
 from ..messages import (
     EngineNotReady,
     EngineStopped,
@@ -275,7 +276,7 @@ class ChatScreen(Screen[None]):
         self._stream_started = 0.0
         self._stream_tokens = self._stream_drafted = 0
         assert self.engine is not None
-        draft = draft_settings(settings, self.engine.info.has_draft_model)
+        draft = draft_from_settings(settings)  # the engine fits it to the models it holds
         self._k = draft.k
         options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
                               draft=draft)
