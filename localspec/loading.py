@@ -25,6 +25,9 @@ class EngineSpec:
     draft_settings: ModelSettings | None = None
     pair_name: str | None = None
     draft_mode: str = "model"
+    # The history the engine keeps (localspec.history's scopes: chat, serve, process); None:
+    # none, so the history drafter never drafts and nothing is written.
+    history: str | None = None
 
     @property
     def display_name(self) -> str:
@@ -71,4 +74,20 @@ def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
 
     target, draft = resolve_paths(spec)
     log.info("loading target %s, draft %s", target, draft)
-    return SpeculativeEngine.load(target, draft, spec.target_settings, spec.draft_settings)
+    store = None
+    if spec.history is not None:
+        from .history import open_store
+
+        store = open_store(spec.history, target)
+    try:
+        engine = SpeculativeEngine.load(target, draft, spec.target_settings,
+                                        spec.draft_settings, history=store)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    if store is not None and store.fresh and spec.history == "chat":
+        from .history import seed_from_chats
+
+        seed_from_chats(store, engine)  # a new or rebuilt chat index starts from the chats
+    return engine

@@ -77,7 +77,7 @@ def draft_from_settings(settings: Settings, mode: str | None = None) -> DraftSet
     ``settings.draft_mode``. The rule is applied when the request is built."""
     return DraftSettings(mode=mode or settings.draft_mode, k=settings.k, k_max=settings.k_max,
                          rule=settings.accept_rule,  # type: ignore[arg-type]
-                         exact=settings.exact)
+                         exact=settings.exact, history=settings.history == "on")
 
 
 def options_from_settings(settings: Settings, *, draft_mode: str | None = None,

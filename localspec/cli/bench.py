@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_draft_options(p)
     add_sampling_options(p)
-    p.set_defaults(max_tokens=BENCH_MAX_TOKENS)
+    # History off unless asked: a run would draft from the runs before it. On, it is this
+    # process's memory only (a benchmark is its command line, not the user's history).
+    p.set_defaults(max_tokens=BENCH_MAX_TOKENS, history="off")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", type=_prompt,
                    help="a prompt of your own (repeatable); replaces the built-in set")
     p.add_argument("--prompt-file", action="append", default=[], metavar="FILE",
@@ -104,8 +106,6 @@ def _prompts(args: argparse.Namespace) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -120,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, read_config=False)
     if args.url:
         return _run_remote(args, prompts, settings)
-    spec = engine_spec(args, args.pair, settings)
+    from dataclasses import replace
+
+    from ..history import scope_for
+
+    spec = replace(engine_spec(args, args.pair, settings), history=scope_for("bench", settings))
     err = Console(stderr=True)
     with load_engine(spec) as engine:
         cfg = BenchConfig(

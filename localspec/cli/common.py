@@ -37,7 +37,7 @@ def add_draft_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("drafting")
     add_argument(g, "draft_mode", help_extra="; given: also whether the draft model is loaded")
     add_argument(g, "k", "-k")
-    for name in ("k_max", "accept_rule", "exact"):
+    for name in ("k_max", "accept_rule", "exact", "history"):
         add_argument(g, name)
 
 

@@ -60,7 +60,12 @@ def run(args: argparse.Namespace) -> int:
         return _run_remote(args)
     pair, prompt = _split_words(args)
     settings = settings_from(args, read_config=True)
-    spec = engine_spec(args, pair, settings)
+    from dataclasses import replace
+
+    from ..history import scope_for
+
+    # The user's own history, the chat app's: run is one more of their requests.
+    spec = replace(engine_spec(args, pair, settings), history=scope_for("chat", settings))
     if prompt is None:
         prompt = stdin_text()
     if prompt is None:
@@ -100,7 +105,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     # The server drafts as it was configured unless a drafting flag is given.
     options = options_from_settings(settings, stop=args.stop, draft=any(
         getattr(args, name) is not None for name in ("draft_mode", "k", "k_max", "accept_rule",
-                                                     "exact")))
+                                                     "exact", "history")))
     with RemoteEngine(args.url, api_key=args.api_key) as engine:
         asked = _prompt(args, prompt)
         events = (engine.stream_completion(asked, options) if isinstance(asked, str)

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: the HTTP stack loads only when serving; the models load in the engine process.
     from dataclasses import replace
 
+    from ..history import scope_for
     from ..loading import resolve_files
     from ..models.names import display_name
     from ..requests import draft_from_settings, fit_draft
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from ..server.running import base_url, bound_port, serve
 
     settings = settings_from(args, read_config=True)
-    spec = engine_spec(args, args.pair, settings)
+    # Its own index, apart from the chat app's, unless config.toml joins them.
+    spec = replace(engine_spec(args, args.pair, settings), history=scope_for("serve", settings))
     model_id = args.model_name or spec.pair_name or display_name(spec.target)
     aliases = tuple(n for n in (spec.pair_name, display_name(spec.target)) if n)
     draft = fit_draft(draft_from_settings(settings, spec.draft_mode),

@@ -82,7 +82,7 @@ def spec_from_json(data: dict[str, Any]) -> EngineSpec:
     ds = ModelSettings(**data["draft_settings"]) if data.get("draft_settings") else None
     return EngineSpec(target=data["target"], draft=data.get("draft"), target_settings=ts,
                       draft_settings=ds, pair_name=data.get("pair_name"),
-                      draft_mode=data.get("draft_mode", "model"))
+                      draft_mode=data.get("draft_mode", "model"), history=data.get("history"))
 
 
 class EngineProcess:

@@ -29,7 +29,7 @@ _COMMON = {
     # llama.cpp-style extensions (llama-server and vLLM accept the same names)
     "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
     # localspec's own: how this request drafts (see `localspec run --help`)
-    "exact", "draft_mode", "k", "k_max", "accept_rule",
+    "exact", "draft_mode", "k", "k_max", "accept_rule", "history",
     # accepted and ignored: they do not change the generated text
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
@@ -346,14 +346,18 @@ def _checked(name: str, value: Any, label: str | None = None) -> Any:
 
 
 def _draft_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """localspec's extension: draft_mode, k (a number or "auto"), k_max, accept_rule, exact."""
+    """localspec's extension: draft_mode, k (a number or "auto"), k_max, accept_rule, exact,
+    history ("on"/"off", or true/false)."""
     out: dict[str, Any] = {}
-    for key in ("draft_mode", "k", "k_max", "accept_rule", "exact"):
+    for key in ("draft_mode", "k", "k_max", "accept_rule", "exact", "history"):
         if key not in body or body[key] is None:
             continue
         value = body[key]
         if key == "k" and isinstance(value, str) and value.lower() == "auto":
             out[key] = None
+            continue
+        if key == "history":  # DraftSettings holds it as a bool
+            out[key] = value if isinstance(value, bool) else _checked(key, value) == "on"
             continue
         out[key] = _checked(key, value)
     return out
@@ -475,7 +479,7 @@ def sse(payload: Mapping[str, Any] | str) -> bytes:
 
 # The wire's names for localspec's drafting fields, and DraftSettings' names for them.
 _DRAFT_FIELDS = {"draft_mode": "mode", "k": "k", "k_max": "k_max", "accept_rule": "rule",
-                 "exact": "exact"}
+                 "exact": "exact", "history": "history"}
 
 
 def request_options(parsed: ParsedRequest, config: ServerConfig) -> ChatOptions:
