@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # What a request is asked with: chat messages (rendered with the target's template), a raw
 # prompt (no template), or token ids (a server's /v1/completions may send those).
-Messages = Sequence[Mapping[str, str]]
+Messages = Sequence[Mapping[str, object]]  # ChatMessage dicts (a TypedDict is one)
 Prompt = Messages | str | tuple[int, ...]
 
 # Where a drafter that needs a draft model is asked for and none is loaded, prompt lookup
@@ -97,7 +97,9 @@ def prompt_tokens(engine: Encoder, prompt: Prompt) -> tuple[int, ...]:
         return engine.tokenize(prompt, chat=False)
     if prompt and all(isinstance(t, int) for t in prompt):
         return tuple(prompt)  # type: ignore[arg-type]
-    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]  # type: ignore[index]
+    # Only the role and content reach the template (a server's message may carry a name).
+    messages = [{"role": str(m["role"]), "content": str(m["content"])}  # type: ignore[index]
+                for m in prompt]
     return engine.tokenize(engine.chat_prompt(messages), chat=True)
 
 
