@@ -60,6 +60,7 @@ class EngineInfo:
     draft: str | None
     has_draft_model: bool
     where: str  # "in-process", "engine process", or the server's URL
+    placement: str | None = None  # where the layers went, one line (None: not known)
 
 
 class ChatEngine(Protocol):
@@ -100,7 +101,8 @@ class LocalChatEngine:
         has_draft = engine.draft is not None
         self._info = EngineInfo(name=name, target=str(engine.target.path),
                                 draft=str(engine.draft.path) if engine.draft else None,
-                                has_draft_model=has_draft, where="in-process")
+                                has_draft_model=has_draft, where="in-process",
+                                placement=engine.placement)
 
     @property
     def info(self) -> EngineInfo:

@@ -17,7 +17,7 @@ from . import paths
 from .errors import ConfigError
 from .files import atomic_write
 from .options import Settings, settings_from_mapping
-from .params import InvalidOptionError
+from .params import PARAMS, InvalidOptionError
 
 __all__ = ["InvalidConfigError", "config_path", "load_settings", "save_settings"]
 
@@ -102,8 +102,8 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
 
     path = path or config_path()
     settings.validate()
-    table = {k: ("auto" if k == "k" and v is None else v)
+    table = {k: ("auto" if PARAMS[k].kind == "k" and v is None else v)
              for k, v in dataclasses.asdict(settings).items()
-             if v is not None or k == "k"}
+             if v is not None or PARAMS[k].kind == "k"}
     atomic_write(path, tomli_w.dumps({"chat": table}))
     return path

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 Status = Literal["ok", "info", "warn", "fail"]
 # "fail" is the only status that blocks `localspec run`; the exit code follows it.
 STATUSES: tuple[Status, ...] = ("ok", "info", "warn", "fail")
-CHECK_NAMES = ("localspec", "llama-cpp-python", "cpu", "repack", "gpu", "ollama", "config",
-               "paths")
+CHECK_NAMES = ("localspec", "llama-cpp-python", "cpu", "repack", "gpu", "placement", "ollama",
+               "config", "paths")
 LLAMA_DIST = "llama-cpp-python"
 PROBE_TIMEOUT = 60.0  # importing a CUDA build initialises every device: seconds, not minutes
 
@@ -453,6 +453,57 @@ def check_gpu(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
                  toolkit + cuda_rebuild_command(build.version), details)
 
 
+# -- 5b. placement: where --gpu-layers auto puts the last pair's layers --------------------------
+def check_placement(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
+    """The placement of the chat app's last pair (header reads only), else the machine's: "no
+    GPU" and why, or the VRAM free for models."""
+    from .monitor import SystemMonitor
+    from .placing import machine_budget
+
+    budget = machine_budget(SystemMonitor(nvml), gpu_offload=bool(build.gpu_offload))
+    details: dict[str, Any] = {"free_bytes": budget.free_bytes, "gpus": budget.n_gpus,
+                               "note": budget.note}
+    plan = _last_pair_plan(budget)
+    if plan is not None:
+        details.update(pair=plan[0], target_layers=plan[1].target.n_gpu_layers,
+                       draft_layers=plan[1].draft.n_gpu_layers if plan[1].draft else None,
+                       gpu_bytes=plan[1].used_bytes, left_bytes=plan[1].left_bytes)
+        status: Status = "ok" if plan[1].fits else "warn"
+        fix = None if plan[1].fits else "use a smaller --ctx or fewer --gpu-layers"
+        return Check("placement", status, f"{plan[0]}: {plan[1].describe()}", fix, details)
+    if budget.free_bytes is None:
+        return Check("placement", "info", f"no GPU ({budget.note}): every model runs on the CPU",
+                     None, details)
+    more = (f"; {budget.n_gpus} GPUs found: placement counts GPU 0 only"
+            if budget.n_gpus > 1 else "")
+    return Check("placement", "info", f"{budget.name or 'GPU 0'}: "
+                 f"{human_bytes(budget.free_bytes)} free for models (auto places the draft "
+                 f"first, then the target){more}", None, details)
+
+
+def _last_pair_plan(budget: Any) -> tuple[str, Any] | None:
+    """(pair, plan) for config.toml's last pair with its settings, when its files are here."""
+    from .config import load_settings
+    from .errors import LocalspecError
+    from .loading import resolve_paths, spec_from_pair
+    from .options import model_settings
+    from .placing import model_label, plan_files
+
+    try:
+        settings = load_settings()
+        if not settings.last_pair:
+            return None
+        ts, ds = model_settings(settings)
+        spec = spec_from_pair(settings.last_pair, ts, ds)
+        target, draft = resolve_paths(spec)
+        return spec.display_name, plan_files(
+            target, draft, ts, ds, budget, target_label=model_label(spec.target),
+            draft_label=model_label(spec.draft) if spec.draft else None)
+    except LocalspecError:  # not pulled, or a bad file: other checks say so
+        log.debug("no placement for the last pair", exc_info=True)
+        return None
+
+
 # -- 6. Ollama -----------------------------------------------------------------------------------
 def _show(path: Path | str) -> str:
     """A path for a summary line: the home folder as ``~`` (details keep the full path)."""
@@ -643,6 +694,7 @@ def run_checks(*, fresh_selftest: bool = False, nvml: ModuleType | None = None) 
         _guarded("cpu", check_cpu, build),
         _guarded("repack", check_repack, build, fresh=fresh_selftest),
         _guarded("gpu", check_gpu, build, nvml),
+        _guarded("placement", check_placement, build, nvml),
         _guarded("ollama", check_ollama),
         _guarded("config", check_config),
         _guarded("paths", check_paths),

@@ -79,13 +79,24 @@ def load_engine(spec: EngineSpec):  # type: ignore[no-untyped-def]
         from .history import open_store
 
         store = open_store(spec.history, target)
+    from .errors import ModelLoadError
+    from .placing import allocation_error, machine_budget, model_label, resolve_layers
+
+    # --gpu-layers auto becomes numbers here, where the files are known (never raises).
+    ts, ds, plan = resolve_layers(target, draft, spec.target_settings, spec.draft_settings,
+                                  machine_budget(), target_label=model_label(spec.target),
+                                  draft_label=model_label(spec.draft) if spec.draft else None)
     try:
-        engine = SpeculativeEngine.load(target, draft, spec.target_settings,
-                                        spec.draft_settings, history=store)
+        engine = SpeculativeEngine.load(target, draft, ts, ds, history=store)
+    except ModelLoadError as exc:
+        if store is not None:
+            store.close()
+        raise allocation_error(exc, plan, target, draft, machine_budget()) from None
     except BaseException:
         if store is not None:
             store.close()
         raise
+    engine.placement = plan.describe() if plan is not None else None
     if store is not None and store.fresh and spec.history == "chat":
         from .history import seed_from_chats
 

@@ -39,8 +39,8 @@ class Settings:
     CLI starts from it and applies its flags."""
 
     ctx: int = PARAMS["ctx"].default
-    gpu_layers: int = PARAMS["gpu_layers"].default
-    draft_gpu_layers: int = PARAMS["draft_gpu_layers"].default
+    gpu_layers: int | None = PARAMS["gpu_layers"].default  # None: auto (localspec.placing)
+    draft_gpu_layers: int | None = PARAMS["draft_gpu_layers"].default
     threads: int | None = PARAMS["threads"].default
     repack: str = PARAMS["repack"].default
     draft_mode: str = PARAMS["draft_mode"].default
@@ -73,10 +73,11 @@ SETTINGS_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Sett
 
 # -- from settings to the engine's parameters -----------------------------------------------------
 def model_settings(s: Settings) -> tuple[ModelSettings, ModelSettings]:
-    """(target, draft) loading settings."""
+    """(target, draft) loading settings; GPU layers None (auto) are resolved where the files are
+    known (``loading.load_engine``, by ``localspec.placing``)."""
     from .engine.llama_backend import ModelSettings
 
-    def one(layers: int) -> ModelSettings:
+    def one(layers: int | None) -> ModelSettings:
         return ModelSettings(n_gpu_layers=layers, n_ctx=s.ctx, n_threads=s.threads,
                              repack=s.repack)  # type: ignore[arg-type]
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from .errors import LocalspecError
 
+# "k": a whole number or auto (None), as K and the GPU layer counts are.
 Kind = Literal["int", "float", "bool", "str", "choice", "k"]
 ACCEPT_RULES = ("auto", "coupled", "rejection", "match")
 REPACK_MODES = ("auto", "on", "off")
@@ -142,9 +143,10 @@ def _p(*args: Any, **kw: Any) -> Param:
 PARAMS: dict[str, Param] = {p.name: p for p in (
     # models
     _p("ctx", "int", 4096, "context size in tokens (both models)", 64, 1 << 20),
-    _p("gpu_layers", "int", -1, "target layers offloaded to the GPU (-1 all, 0 none)", -1, 1 << 16),
-    _p("draft_gpu_layers", "int", -1, "draft layers offloaded to the GPU (-1 all, 0 none)",
-       -1, 1 << 16),
+    _p("gpu_layers", "k", None, "target layers offloaded to the GPU: auto (what fits in the free "
+       "VRAM after the draft), or a number (-1 all, 0 none)", -1, 1 << 16),
+    _p("draft_gpu_layers", "k", None, "draft layers offloaded to the GPU: auto (all when it "
+       "fits, placed before the target), or a number (-1 all, 0 none)", -1, 1 << 16),
     _p("threads", "int", None, "CPU threads (empty: the physical cores)", 1, 1024, optional=True),
     _p("repack", "choice", "auto", "llama.cpp's repacked CPU kernels for quantized models: "
        "auto (on where this machine's self-test passes), on, off", choices=REPACK_MODES),

@@ -141,7 +141,7 @@ class RemoteEngine:
         draft = self._meta.get("draft")
         return EngineInfo(name=name, target=str(self._meta.get("target") or name),
                           draft=str(draft) if draft else None, has_draft_model=bool(draft),
-                          where=self._where)
+                          where=self._where, placement=self._meta.get("placement"))
 
     # -- generating -----------------------------------------------------------------------------
     def stream_chat(self, messages: Sequence[ChatMessage], options: ChatOptions,

@@ -87,7 +87,17 @@ def test_engine_mappings() -> None:
     assert (fixed.mode, fixed.k, fixed.exact) == ("model", 5, True)
     assert draft_settings(Settings(draft_mode="none"), True).mode == "none"
     t, d = model_settings(Settings(ctx=2048, draft_gpu_layers=0, repack="off"))
-    assert (t.n_ctx, t.n_gpu_layers, d.n_gpu_layers, t.repack) == (2048, -1, 0, "off")
+    # The target's GPU layers default to auto (None), resolved when the files are known.
+    assert (t.n_ctx, t.n_gpu_layers, d.n_gpu_layers, t.repack) == (2048, None, 0, "off")
+
+
+def test_gpu_layers_auto_round_trips_through_config(tmp_path: Path) -> None:
+    from localspec.config import load_settings, save_settings
+
+    path = save_settings(Settings(draft_gpu_layers=7), tmp_path / "c.toml")
+    assert 'gpu_layers = "auto"' in path.read_text()
+    back = load_settings(path)
+    assert (back.gpu_layers, back.draft_gpu_layers) == (None, 7)
 
 
 def test_every_setting_is_a_parameter_with_a_meaning() -> None:

@@ -794,3 +794,17 @@ async def test_a_multi_line_paste_is_kept_whole(make_app: Callable[..., Localspe
         await pilot.press("enter")
         await wait_for(pilot, lambda: answered(app, 2))
         assert app.chat._messages()[0].text == "first line\nsecond line\nthe"
+
+
+async def test_machine_panel_shows_the_placement(make_app: Callable[..., LocalspecApp]) -> None:
+    from localspec.tui.widgets.machine_gauge import MachineGauge
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        gauge = app.chat.query_one(MachineGauge)
+        await wait_for(pilot, lambda: gauge.placement is not None)
+        assert "no GPU" in gauge.placement  # llama.cpp here is a CPU-only build
+        assert gauge.placement == app.engine.info.placement
+        await pilot.pause()
+        assert "placement: no GPU" in "".join(str(r) for r in gauge.render().renderables)

@@ -40,7 +40,7 @@ def add_argument(group: Any, name: str, *aliases: str, help_extra: str = "") -> 
         kwargs["choices"] = p.choices
     else:
         kwargs["type"] = cli_type(name)
-    metavar = {"k": "K|auto"}.get(p.kind)
+    metavar = ("K|auto" if name == "k" else "N|auto") if p.kind == "k" else None
     default = "auto" if p.kind == "k" and p.default is None else p.default
     shown = f" (default {default})" if default not in (None, "") else ""
     group.add_argument(*flags, metavar=metavar, help=p.meaning + shown + help_extra, **kwargs)

@@ -126,6 +126,8 @@ def _describe_load(engine: SpeculativeEngine) -> None:
     for role, runner in (("target", engine.target), ("draft", engine.draft)):
         if runner is not None:
             print(f"{role} {runner.path.name}: {runner.repack.describe()}", file=sys.stderr)
+    if engine.placement is not None:
+        print(f"placement: {engine.placement}", file=sys.stderr)
 
 
 def _stream(engine: SpeculativeEngine, req: Any, args: argparse.Namespace) -> int:

@@ -153,6 +153,8 @@ class SpeculativeEngine:
         # The index of earlier requests the history drafter drafts from (None: none kept);
         # every finished request that allows it is added (closed with the engine).
         self.history = history
+        # Where the layers went, one line (localspec.placing's plan); None: not planned.
+        self.placement: str | None = None
         self.k_max = k_max
         self._cache_calibration = cache_calibration
         self._quantized = _is_quantized(target)

@@ -123,9 +123,11 @@ class ModelSettings:
     """How to load one model: offload, context and threads are per model.
 
     ``repack`` is llama.cpp's "extra buffer types" (repacked and AMX CPU kernels for quantized
-    weights): ``auto`` uses them where this machine's self-test says they work."""
+    weights): ``auto`` uses them where this machine's self-test says they work.
+    ``n_gpu_layers``: -1 all, None auto (``localspec.placing`` turns it into a number before
+    loading; a runner given None offloads nothing)."""
 
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = 0
     n_ctx: int = 4096
     n_threads: int | None = None
     n_batch: int = 512
@@ -226,7 +228,8 @@ class LlamaRunner:
         lib = self._lib
         params = lib.llama_model_default_params()
         # INT32_MAX: llama.cpp's "every layer" (it clamps to the model's layer count).
-        params.n_gpu_layers = 0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
+        layers = settings.n_gpu_layers or 0
+        params.n_gpu_layers = 0x7FFFFFFF if layers < 0 else layers
         params.use_extra_bufts = extra_bufts
         _last_error[0] = ""
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)
@@ -629,7 +632,7 @@ def open_llama(path: str | Path, settings: ModelSettings = ModelSettings(), **kw
     threads = settings.n_threads or default_threads()
     llama_module.llama_cpp.llama_model_default_params = params
     try:
-        return llama_module.Llama(model_path=str(path), n_gpu_layers=settings.n_gpu_layers,
+        return llama_module.Llama(model_path=str(path), n_gpu_layers=settings.n_gpu_layers or 0,
                                   n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                                   n_threads=threads, n_threads_batch=threads,
                                   flash_attn=settings.flash_attn, verbose=False, **kwargs)

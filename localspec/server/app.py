@@ -84,7 +84,7 @@ class ServerState:
         return {"target": str(engine.target.path),
                 "draft": str(engine.draft.path) if engine.draft is not None else None,
                 "n_ctx": engine.target.n_ctx, "n_vocab": engine.target.n_vocab,
-                "draft_mode": self.config.draft.mode}
+                "draft_mode": self.config.draft.mode, "placement": engine.placement}
 
     def retry_after(self) -> str:
         waiting = self.worker.queued + 1
@@ -257,8 +257,10 @@ class _DisconnectWatch:
 async def _health(request: Request, state: ServerState) -> Response:
     worker = state.worker
     if worker.state == "ready":
+        placement = worker.engine.placement if worker.engine is not None else None
         return JSONResponse({"status": "ok", "model": state.config.model_id,
-                             "queue_waiting": worker.queued, "busy": worker.busy})
+                             "queue_waiting": worker.queued, "busy": worker.busy,
+                             "placement": placement})
     if worker.state == "failed":
         # The title too: an engine process's owner raises the error as it was (a bad file is
         # "Invalid model file" in the chat app, whichever process found it).

@@ -167,7 +167,7 @@ async def _health(request: Request) -> Response:
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
     with contextlib.suppress(httpx.HTTPError, ValueError):
         inner = (await front.client.get("/health")).json()
-        body.update({k: v for k, v in inner.items() if k in ("queue_waiting", "busy")})
+        body.update({k: v for k, v in inner.items() if k in ("queue_waiting", "busy", "placement")})
     return JSONResponse(body)
 
 

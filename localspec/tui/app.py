@@ -305,6 +305,8 @@ class LocalspecApp(App[int]):
         self.chat.pair_name = message.spec.display_name
         self.chat.show_loading(None)
         self.chat.pair_label = _pair_label(message.spec)
+        # info was read in the loading worker (a server's is cached since), so this never waits.
+        self.chat.show_placement(message.engine.info.placement)
         self.chat.set_plain_rate(self.store.latest_rate(message.spec.display_name, "plain"))
         self.sub_title = message.spec.display_name
         self.notify(f"{message.spec.display_name} loaded in {message.seconds:.1f}s")

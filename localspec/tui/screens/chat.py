@@ -160,6 +160,12 @@ class ChatScreen(Screen[None]):
         if label is not None:
             self.pair_label = label
 
+    def show_placement(self, placement: str | None) -> None:
+        """Where the loaded pair's layers went, under the VRAM gauge."""
+        gauges = self.query(MachineGauge)
+        if gauges:
+            gauges.first().placement = placement
+
     def show_sample(self, sample: MachineSample) -> None:
         gauges = self.query(MachineGauge)
         if not gauges:  # composing, or torn down while quitting

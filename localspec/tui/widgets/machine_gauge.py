@@ -12,10 +12,13 @@ from ._format import bar, human_bytes, percent
 
 
 class MachineGauge(Widget):
-    """Per GPU: VRAM bar, utilisation, this process's VRAM. Without NVML: RAM, CPU, process RSS."""
+    """Per GPU: VRAM bar, utilisation, this process's VRAM. Without NVML: RAM, CPU, process RSS.
+    Then the loaded pair's placement (which layers are on the GPU, or "no GPU")."""
 
     # layout=True: the first render ("sampling…") is one line; a sample needs several.
     sample: reactive[MachineSample | None] = reactive(None, layout=True)
+    # The loaded pair's placement line (localspec.placing), shown beside the gauges.
+    placement: reactive[str | None] = reactive(None, layout=True)
 
     def render(self) -> RenderableType:
         s = self.sample
@@ -40,4 +43,6 @@ class MachineGauge(Widget):
             cpu = s.cpu_percent / 100 if s.cpu_percent is not None else None
             lines.append(Text.assemble("CPU  ", bar(cpu), f" {percent(s.cpu_percent)}"))
             lines.append(Text(f"this process {human_bytes(s.process_rss)}"))
+        if self.placement:
+            lines.append(Text(f"placement: {self.placement}", style="dim"))
         return Group(*lines)
