@@ -29,7 +29,8 @@ from localspec.chat_engine import ChatEngine, ChatOptions, LocalChatEngine
 from localspec.engine import Finished, ModelSettings, SamplingParams, SpeculativeEngine
 from localspec.loading import EngineSpec
 from localspec.remote import RemoteEngine
-from localspec.server.engine_process import ProcessChatEngine, ProcessOptions
+from localspec.server.config import ServerConfig
+from localspec.server.engine_process import ProcessChatEngine
 
 
 def _one(engine: ChatEngine, text: str, options: ChatOptions) -> tuple[float, float, int, str]:
@@ -93,7 +94,7 @@ def _run(target: Path, draft: Path | None, args: argparse.Namespace) -> dict[str
                       draft_mode="model" if draft else "lookup")
     options = ChatOptions(max_tokens=args.max_tokens, sampling=SamplingParams(temperature=0.0))
     local = LocalChatEngine(SpeculativeEngine.load(target, draft, settings, settings), "bench")
-    child = ProcessChatEngine(spec, ProcessOptions(model_id="bench"))
+    child = ProcessChatEngine(spec, ServerConfig(model_id="bench"))
     server, url = _serve(target, draft, args.ctx)
     remote = RemoteEngine(url)
     paths: dict[str, ChatEngine] = {"in_process": local, "engine_process": child, "serve": remote}

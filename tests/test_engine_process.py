@@ -21,7 +21,8 @@ from localspec.chat_engine import ChatOptions
 from localspec.engine import Finished, ModelSettings, SamplingParams
 from localspec.errors import EngineStoppedError
 from localspec.loading import EngineSpec
-from localspec.server.engine_process import EngineProcess, ProcessChatEngine, ProcessOptions
+from localspec.server.config import ServerConfig
+from localspec.server.engine_process import EngineProcess, ProcessChatEngine
 
 HELLO = [{"role": "user", "content": "hello"}]
 LONG = ChatOptions(max_tokens=3000, sampling=SamplingParams(temperature=1.0, seed=1))
@@ -36,7 +37,7 @@ def _spec(target: Path, draft: Path) -> EngineSpec:
 
 def test_a_crash_of_the_engine_process_is_named_and_it_restarts(
         target_gguf: Path, draft_gguf: Path) -> None:
-    engine = ProcessChatEngine(_spec(target_gguf, draft_gguf), ProcessOptions(model_id="tiny"))
+    engine = ProcessChatEngine(_spec(target_gguf, draft_gguf), ServerConfig(model_id="tiny"))
     try:
         first = list(engine.stream_chat(HELLO, ChatOptions(max_tokens=12)))[-1]
         assert isinstance(first, Finished) and first.stats.completion_tokens == 12
@@ -61,7 +62,7 @@ def test_a_crash_of_the_engine_process_is_named_and_it_restarts(
 
 def test_a_load_failure_is_one_line(tmp_path: Path, draft_gguf: Path) -> None:
     missing = tmp_path / "gone.gguf"
-    process = EngineProcess(_spec(missing, draft_gguf), ProcessOptions(model_id="x"))
+    process = EngineProcess(_spec(missing, draft_gguf), ServerConfig(model_id="x"))
     try:
         with pytest.raises(Exception) as err:
             process.start(timeout=60)
@@ -73,11 +74,12 @@ def test_a_load_failure_is_one_line(tmp_path: Path, draft_gguf: Path) -> None:
 def test_the_engine_process_exits_with_its_parent(target_gguf: Path, draft_gguf: Path,
                                                   tmp_path: Path) -> None:
     """A killed chat app or server never leaves a model loaded."""
-    code = ("import sys, time; from localspec.server.engine_process import EngineProcess, "
-            "ProcessOptions; from localspec.server.engine_child import main; "
+    code = ("import sys, time; from localspec.server.engine_process import EngineProcess; "
+            "from localspec.server.config import ServerConfig; "
+            "from localspec.server.engine_child import main; "
             "from tests.test_engine_process import _spec; from pathlib import Path; "
             f"p = EngineProcess(_spec(Path({str(target_gguf)!r}), Path({str(draft_gguf)!r})), "
-            "ProcessOptions(model_id='t')); p.start(); print(p.pid, flush=True); time.sleep(60)")
+            "ServerConfig(model_id='t')); p.start(); print(p.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).parent.parent, env={**os.environ})
     try:

@@ -21,7 +21,8 @@ import pytest
 from localspec.engine import ModelSettings
 from localspec.loading import EngineSpec
 from localspec.models.tiny import build_demo_pair
-from localspec.server.engine_process import EngineProcess, ProcessOptions
+from localspec.server.config import ServerConfig
+from localspec.server.engine_process import EngineProcess
 
 from .conftest import assert_no_signal
 
@@ -150,8 +151,9 @@ def test_the_folder_of_a_killed_front_is_removed_at_the_next_start(
     live = subprocess.Popen(  # another front holding an engine folder (no model needed)
         [sys.executable, "-c",
          "import time; from tests.test_serve_lifecycle import _spec; from pathlib import Path; "
-         "from localspec.server.engine_process import EngineProcess, ProcessOptions; "
-         f"p = EngineProcess(_spec(Path({str(target_gguf)!r})), ProcessOptions(model_id='x')); "
+         "from localspec.server.engine_process import EngineProcess; "
+         "from localspec.server.config import ServerConfig; "
+         f"p = EngineProcess(_spec(Path({str(target_gguf)!r})), ServerConfig(model_id='x')); "
          "print(p.socket_path, flush=True); time.sleep(120)"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -165,7 +167,7 @@ def test_the_folder_of_a_killed_front_is_removed_at_the_next_start(
         proc.wait()
         assert _gone(engine_pid)  # the engine follows its parent
         assert killed.is_dir()  # nobody removed it
-        engine = EngineProcess(_spec(target_gguf), ProcessOptions(model_id="x"))
+        engine = EngineProcess(_spec(target_gguf), ServerConfig(model_id="x"))
         try:
             assert not killed.exists()
             assert kept.is_dir() and live.poll() is None

@@ -67,11 +67,6 @@ class ProcessEnd:
         return f"{what}{doing}{error}"
 
 
-# What an engine process serves besides the models is a ServerConfig: the process answers as a
-# server so configured would, except that its API key is the process's own random one.
-ProcessOptions = ServerConfig
-
-
 def _spec_to_json(spec: EngineSpec) -> dict[str, Any]:
     data = dataclasses.asdict(spec)
     return data
@@ -86,7 +81,9 @@ def spec_from_json(data: dict[str, Any]) -> EngineSpec:
 
 
 class EngineProcess:
-    """One engine child process. ``start()`` returns once it answers (the models are loaded)."""
+    """One engine child process. ``start()`` returns once it answers (the models are loaded).
+    It serves as ``options`` says, the same ServerConfig a server in this process would take,
+    except for the API key: the process has a random one of its own (``key``)."""
 
     def __init__(self, spec: EngineSpec, options: ServerConfig,
                  log_file: Path | None = None) -> None:
