@@ -52,6 +52,12 @@ class ModelLoadError(LocalspecError):
     title = "Model failed to load"
 
 
+class ChatTemplateError(LocalspecError):
+    """A model's chat template that Jinja cannot compile or render."""
+
+    title = "Chat template"
+
+
 class ContextOverflowError(LocalspecError):
     """The prompt (plus the requested tokens) does not fit the context window."""
 

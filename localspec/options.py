@@ -2,8 +2,9 @@
 
 Each value is checked through :data:`localspec.params.PARAMS` (its type, range and meaning, defined
 once). This module turns settings into the engine's parameter objects (``ModelSettings``,
-``SamplingParams``, ``DraftSettings``): there is one default for each (one ``max_tokens``
-default, not five). The CLI's flags are in ``cli.params``.
+``SamplingParams``; the drafting fields become ``DraftSettings`` in ``localspec.requests``, the
+one request path): there is one default for each (one ``max_tokens`` default, not five). The
+CLI's flags are in ``cli.params``.
 
 Precedence: a CLI flag beats ``config.toml`` (``[chat]``), which beats the defaults in ``params``.
 ``run``, ``serve`` and the chat app read ``config.toml``; ``bench`` does not (a benchmark is
@@ -21,7 +22,6 @@ from .engine.drafters import DraftMode, draft_modes
 from .params import PARAMS, InvalidOptionError
 
 if TYPE_CHECKING:
-    from .engine.drafters import DraftSettings
     from .engine.llama_backend import ModelSettings
     from .engine.sampling import SamplingParams
 
@@ -89,18 +89,6 @@ def sampling_params(s: Settings) -> SamplingParams:
 
     return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                           min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed)
-
-
-def draft_settings(s: Settings, has_draft_model: bool) -> DraftSettings:
-    """How to draft: the draft model when one is loaded (else prompt lookup), or as chosen."""
-    from .engine.drafters import DraftSettings
-
-    mode = s.draft_mode
-    if mode == "model" and not has_draft_model:
-        mode = "lookup"
-    return DraftSettings(mode=mode, k=s.k, k_max=s.k_max,  # type: ignore[arg-type]
-                         rule=s.accept_rule, exact=s.exact,  # type: ignore[arg-type]
-                         history=s.history == "on")
 
 
 def settings_from_mapping(data: Mapping[str, Any], where: Callable[[str], str]) -> Settings:

@@ -8,8 +8,9 @@ import pytest
 
 from localspec.config import load_settings, save_settings
 from localspec.errors import ConfigError
-from localspec.options import Settings, draft_settings, model_settings
+from localspec.options import Settings, model_settings
 from localspec.params import PARAMS, InvalidOptionError
+from localspec.requests import draft_from_settings, fit_draft
 
 
 def test_defaults_when_missing_and_round_trip(tmp_path: Path) -> None:
@@ -78,6 +79,11 @@ def test_settings_of_older_versions_are_read(tmp_path: Path) -> None:
     assert (load_settings(path).draft_mode, load_settings(path).k) == ("model", None)
     path.write_text('[chat]\ndraft_mode = "off"\n')
     assert load_settings(path).draft_mode == "none"
+
+
+def draft_settings(s: Settings, has_draft_model: bool):  # type: ignore[no-untyped-def]
+    """What a request built from these settings drafts with (the one rule, in requests.py)."""
+    return fit_draft(draft_from_settings(s), has_draft_model)
 
 
 def test_engine_mappings() -> None:

@@ -98,11 +98,13 @@ async def test_send_stream_regenerate_and_persist(make_app: Callable[..., Locals
         hist = [{"role": "system", "content": app.settings.system_prompt},
                 {"role": "user", "content": "write some code"}]
         from localspec.engine import GenerationRequest
-        from localspec.options import draft_settings, sampling_params
+        from localspec.options import sampling_params
+        from localspec.requests import draft_from_settings, fit_draft
 
         ref = engine.generate(GenerationRequest(
             tuple(engine.tokenize(engine.chat_prompt(hist), chat=True)), max_tokens=40,
-            sampling=sampling_params(app.settings), draft=draft_settings(app.settings, True)))
+            sampling=sampling_params(app.settings),
+            draft=fit_draft(draft_from_settings(app.settings), True)))
         assert answer.text == ref.text
         first = answer.text
         await pilot.press("ctrl+r")

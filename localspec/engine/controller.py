@@ -613,8 +613,13 @@ class DraftController:
         return self._free_prefix(prop)[1]
 
     def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
-        return _best_prefix([self.acceptance[prop.source].rate] * len(prop.tokens), self.costs,
-                            tie=self.ties.rate)
+        acc = self.acceptance[prop.source]
+        calibrated = prop.source in drafters.names() and drafters.get(prop.source).calibrated
+        if calibrated and len(prop.confidences) == len(prop.tokens):
+            probs = [acc.estimate(c) for c in prop.confidences]
+        else:
+            probs = [acc.rate] * len(prop.tokens)
+        return _best_prefix(probs, self.costs, tie=self.ties.rate)
 
     # -- token trees --------------------------------------------------------------------------
     # A tree must beat the best chain by this much: its sibling rates are learned slowly, and

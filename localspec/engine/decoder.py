@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import ContextOverflowError, LocalspecError
+from ..errors import ChatTemplateError, ContextOverflowError, LocalspecError
 from . import activity, calibration, drafters
 from .calibration import Calibration
 from .controller import (
@@ -306,14 +306,23 @@ class SpeculativeEngine:
             log.warning("%s has no chat template; sending the last message as plain text",
                         self.target.path.name)
             return messages[-1]["content"]
-        fmt = self._formatters.get(template)
-        if fmt is None:  # compiling a Jinja template costs milliseconds: once per engine
-            fmt = Jinja2ChatFormatter(
-                template=template,
-                eos_token=self.target.piece(self.target.eos_token).decode("utf-8", "replace"),
-                bos_token=self.target.piece(self.target.bos_token).decode("utf-8", "replace"))
-            self._formatters[template] = fmt
-        return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
+        # The template is code from the model file: any failure while compiling or rendering
+        # it (an unknown filter, runaway recursion, a huge range) is that file's problem.
+        try:
+            fmt = self._formatters.get(template)
+            if fmt is None:  # compiling a Jinja template costs milliseconds: once per engine
+                fmt = Jinja2ChatFormatter(
+                    template=template,
+                    eos_token=self.target.piece(self.target.eos_token).decode("utf-8", "replace"),
+                    bos_token=self.target.piece(self.target.bos_token).decode("utf-8", "replace"))
+                self._formatters[template] = fmt
+            return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
+        except Exception as exc:
+            detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise ChatTemplateError(
+                f"the chat template in {self.target.path.name} cannot be rendered "
+                f"({type(exc).__name__}{': ' + detail if detail else ''}); "
+                "--raw sends the prompt as plain text") from exc
 
     def tokenize(self, text: str, *, chat: bool) -> tuple[int, ...]:
         """Tokenize a prompt. A chat-rendered prompt may already start with the BOS text."""

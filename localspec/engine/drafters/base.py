@@ -72,6 +72,9 @@ class Drafter(abc.ABC):
     # Under auto, tried beside whatever the draft mode's drafter is, free or costly (a free
     # drafter otherwise joins only a costly one): it sees what the mode's drafter cannot.
     companion: ClassVar[bool] = False
+    # A free drafter whose confidences rank its tokens' odds (not just its own name's): the
+    # controller prices each token by its confidence bin instead of one rate for every token.
+    calibrated: ClassVar[bool] = False
 
     @classmethod
     def create(cls, settings: DraftSettings, draft_model: LlamaRunner | None) -> Drafter:

@@ -28,6 +28,9 @@ class HistoryDrafter(Drafter):
     # with it: past that point the earlier requests disagree, and the draft is a coin toss
     # that costs a verified position each.
     MIN_AGREEMENT = 0.5
+    # Matched context tokens that halve the doubt in a match (4: 50%, 8: 75%, 16: 94%).
+    MATCH_HALF = 4.0
+    calibrated = True
 
     def propose(self, ctx: DraftContext, budget: int) -> Proposal:
         if budget <= 0 or ctx.history is None:
@@ -37,5 +40,8 @@ class HistoryDrafter(Drafter):
             return Proposal(source=self.name)
         n = next((i for i, share in enumerate(found.agreement)
                   if i and share < self.MIN_AGREEMENT), len(found.tokens))
+        # A long earlier match is far likelier to go on as before than a three-token one:
+        # the confidence is the matches' agreement, discounted for a short match.
+        length = 1.0 - 0.5 ** (found.match_length / self.MATCH_HALF)
         return Proposal(source=self.name, tokens=list(found.tokens[:n]),
-                        confidences=list(found.agreement[:n]))
+                        confidences=[share * length for share in found.agreement[:n]])
