@@ -290,7 +290,10 @@ def summarize(runs: dict[str, list[Result]]) -> dict[str, Any]:
                            for k, v in per_drafter.items()},
             "per_request": [{"name": r.name, "tokens": r.tokens, "seconds": round(r.seconds, 3),
                              "tokens_per_second": round(r.rate, 2),
-                             "speedup": round(r.rate / a.rate, 3) if a.rate else None}
+                             "speedup": round(r.rate / a.rate, 3) if a.rate else None,
+                             # the text, so a run that parts from the target alone can be
+                             # diagnosed afterwards (where, and at what margin)
+                             "text": r.text}
                             for r, a in zip(results, alone, strict=True)],
         }
     return out
