@@ -40,15 +40,17 @@ def replace_durably(tmp: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
+def atomic_write(path: Path, data: bytes | str, mode: int = 0o666) -> None:
     """Write ``data`` to a temporary name next to ``path``, fsync it, then rename it over
     ``path``: readers see the old file or the new one, never a mix. The temporary file is
-    removed when writing fails (a full disk, say)."""
+    removed when writing fails (a full disk, say). ``mode`` (less the umask) is the file's
+    permissions from its creation on: 0o600 for what holds users' text."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        with tmp.open("wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())

@@ -23,16 +23,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
 import struct
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -286,18 +286,7 @@ class HistoryIndex:
                            "tokens": int(len(self._tokens)), "documents": len(lengths),
                            "sha256": hashlib.sha256(body).hexdigest(), "epoch": self.epoch,
                            "note": self.note}).encode()
-        # The writer's own temporary name (process and thread): two writers never share one.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(_MAGIC + struct.pack("<I", len(meta)) + meta + body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        atomic_write(path, _MAGIC + struct.pack("<I", len(meta)) + meta + body, mode=0o600)
 
     @staticmethod
     def read_header(path: Path) -> dict[str, Any] | None:
