@@ -227,3 +227,16 @@ def test_an_f16_model_runs_the_same_with_either_setting(tmp_path: Path) -> None:
     on, off = run_cli(*args, "--repack", "on"), run_cli(*args, "--repack", "off")
     assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
     assert on.stdout == off.stdout
+
+
+def test_demo_measures_only_after_the_self_test_has_a_verdict(isolated_home: Path) -> None:
+    # A fresh machine: no verdict yet. demo must not time anything while a background self-test
+    # shares the cores, so it settles the verdict first (the real self-test, in its child).
+    cache = repack.cache_file()
+    cache.unlink()
+    proc = run_cli("demo", "--no-tui", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert repack.read_cached(cache, repack.build_key()) is not None
+    assert "measuring llama.cpp's extra buffer types" in proc.stderr
+    again = run_cli("demo", "--no-tui", "--json")  # cached now: no second self-test
+    assert again.returncode == 0 and "measuring llama.cpp" not in again.stderr

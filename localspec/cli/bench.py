@@ -120,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, read_config=False)
     if args.url:
         return _run_remote(args, prompts, settings)
+    if settings.repack == "auto":
+        from ..engine import repack
+
+        repack.settle_before_measuring()
     from dataclasses import replace
 
     from ..history import scope_for

@@ -36,13 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from ..engine import DraftSettings, ModelSettings, SpeculativeEngine
+    from ..engine import DraftSettings, ModelSettings, SpeculativeEngine, repack
     from ..loading import EngineSpec
     from ..models.tiny import build_demo_pair
     from ..paths import demo_models_dir
     from ..requests import ChatOptions, build_request, prompt_tokens
 
     target, draft = build_demo_pair(demo_models_dir())
+    repack.settle_before_measuring()
     settings = ModelSettings(n_ctx=2048)
     modes = {"target alone": DraftSettings(mode="none"), "auto": DraftSettings(mode="model"),
              f"fixed K={DEMO_K}": DraftSettings(mode="model", k=DEMO_K)}

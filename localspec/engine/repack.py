@@ -397,6 +397,17 @@ def start_background_selftest(cache: Path) -> None:
         log.info("could not start the repack self-test: %s", exc)
 
 
+def settle_before_measuring() -> None:
+    """Have this machine's verdict before timing anything: run the self-test now where none is
+    cached. A background self-test shares the cores with what is being measured (on 2 cores it
+    made the demo's first calibration 100x off), so ``demo`` and ``bench`` wait for it instead."""
+    cache = cache_file()
+    if read_cached(cache, build_key()) is None:
+        log.warning("measuring llama.cpp's extra buffer types on this machine first (once per "
+                    "build and CPU, a few seconds)")
+        decide_auto(cache)
+
+
 _decided: dict[tuple[str, WeightKind], RepackDecision] = {}
 _started: set[str] = set()
 
