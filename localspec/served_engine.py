@@ -10,7 +10,6 @@ are not taken and the front end waits (EngineNotReadyError), as with any engine 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -72,9 +71,11 @@ class ServedChatEngine:
     def stopped(self) -> str | None:
         """Cheap (the app asks between answers): the server's process, and whether a request
         found its address dead."""
+        from .server.discovery import process_alive  # the server package loads on first use
+
         if self._own:
             return self._engine.stopped()
-        if self._unreachable.is_set() or not _alive(self.pid):
+        if self._unreachable.is_set() or not process_alive(self.pid):
             return (f"the localspec serve at {self.url} is gone (falling back to an engine "
                     f"process of this app's own for {self.spec.display_name})")
         return None
@@ -100,23 +101,4 @@ class ServedChatEngine:
 
     def close(self) -> None:
         self._engine.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _not_a_zombie(pid)
-
-
-def _not_a_zombie(pid: int) -> bool:
-    """A killed server whose parent has not reaped it yet still has a pid (Linux: state Z)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc (macOS): the pid is the best there is
 

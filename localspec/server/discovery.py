@@ -54,14 +54,20 @@ def unregister(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs: it exists (someone else's counts) and is not a
+    zombie, a killed server its parent has not reaped yet (Linux: state Z)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc (macOS): the pid is the best there is
 
 
 def find(target: Path, draft: Path | None) -> ServedPair | None:
@@ -73,7 +79,7 @@ def find(target: Path, draft: Path | None) -> ServedPair | None:
             served = ServedPair(**json.loads(file.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
             continue
-        if not _alive(served.pid):
+        if not process_alive(served.pid):
             file.unlink(missing_ok=True)  # a server that was killed: its file is stale
             continue
         if (served.target, served.draft) != want:
