@@ -59,9 +59,9 @@ class Continuation:
     matches: int
 
 
-def _keys(tokens: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Keys of every three-token window ending at or after ``start`` + 3 that holds no
-    separator, and the position that follows each window."""
+def _keys(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keys of every three-token window that holds no separator, and the position that
+    follows each window."""
     n = len(tokens)
     if n < KEY_TOKENS:
         return np.empty(0, np.int64), np.empty(0, np.int64)
@@ -70,7 +70,6 @@ def _keys(tokens: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
     keys = (a << (2 * _BITS)) | ((b & _MASK) << _BITS) | (c & _MASK)
     follow = np.arange(KEY_TOKENS, n + 1, dtype=np.int64)
     ok = (a >= 0) & (b >= 0) & (c >= 0)
-    ok[: max(0, start)] = False
     return keys[ok], follow[ok]
 
 
