@@ -255,15 +255,23 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
         # graph (and auto calibrates once), which would otherwise be charged to whoever ran first.
         tokens = _prompt_tokens(engine, prompts[0], cfg.raw)
         for c in contenders:
-            c.run(tokens)
+            with engine.frozen_history():
+                c.run(tokens)
     for prompt in prompts:
         tokens = _prompt_tokens(engine, prompt, cfg.raw)
         res = PromptResult(prompt)
         for _ in range(cfg.repeats):
             for c in contenders:
-                res.add(c.name, c.run(tokens))
+                # With the history drafter on, every run of a prompt drafts from the index as
+                # it stood before the prompt (the earlier prompts' answers, once each): a
+                # repeat drafting the answer a run before it gave would measure nothing.
+                with engine.frozen_history():
+                    res.add(c.name, c.run(tokens))
                 if on_step:
                     on_step(f"{prompt.name}: {c.name}")
+        answer = res.runs["plain"][-1].tokens
+        if engine.history is not None and not isinstance(answer, str):
+            engine.history.record(tokens, answer)  # the prompt, answered once, as a user's
         # The first repeat whose outputs differ: any repeat may meet a near-tie.
         alone, fast = next(((x.tokens, y.tokens) for x, y in zip(
             res.runs[baseline], res.runs["speculative"], strict=True) if x.tokens != y.tokens),
@@ -272,7 +280,10 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
                 and not isinstance(fast, str) and alone != fast:
             res.first_difference = first_difference(engine, tokens, alone, fast, cfg.sampling)
         results.append(res)
-    return summarize(results, cfg, baseline, sweep_names)
+    out = summarize(results, cfg, baseline, sweep_names)
+    out["history"] = engine.history is not None and cfg.draft.history
+    out["tree"] = cfg.draft.tree
+    return out
 
 
 def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
@@ -300,6 +311,13 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "spec_host_ms_per_step": round(m("speculative", "host_ms_per_step"), 4),
         "spec_host_ms_per_decode": round(m("speculative", "host_ms_per_decode"), 4),
         "spec_host_ms_per_token": round(m("speculative", "host_ms_per_token"), 4),
+        # Token trees: tokens one target pass yields, nodes a drafting round verified, and
+        # the draft model's host cost per token it drafted (what a GPU exposes).
+        "tokens_per_target_pass": round(m("speculative", "tokens_per_target_pass"), 3),
+        "mean_tree_size": round(m("speculative", "mean_tree_size"), 3),
+        "tree_rounds": int(m("speculative", "tree_rounds")),
+        "host_ms_per_draft_token": round(m("speculative", "host_ms_per_draft_token"), 4),
+        "drafters": _drafter_totals(r.runs["speculative"]),
         "engine_plain_tokens_per_second": round(m("plain", "tokens_per_second"), 3),
         "engine_plain_host_ms_per_step": round(m("plain", "host_ms_per_step"), 4),
         "policy": r.runs["speculative"][-1].stats.policy,
@@ -321,6 +339,19 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
                         "auto_vs_best": _ratio(spec_tps, fixed[best]),
                         "auto_vs_best_runs": paired}
     return out
+
+
+def _drafter_totals(runs: Sequence[RunResult]) -> dict[str, dict[str, float]]:
+    """Per drafter over a prompt's runs: tokens drafted and accepted, and their acceptance."""
+    totals: dict[str, list[int]] = {}
+    for run in runs:
+        for name, d in run.stats.drafters.items():
+            t = totals.setdefault(name, [0, 0])
+            t[0] += d.drafted
+            t[1] += d.accepted
+    return {name: {"drafted": dr, "accepted": ac,
+                   "acceptance_rate": round(ac / dr, 4) if dr else 0.0}
+            for name, (dr, ac) in sorted(totals.items())}
 
 
 def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "plain",

@@ -56,6 +56,29 @@ def test_bench_json_has_speedup_and_identity(target_gguf: Path, draft_gguf: Path
     for p in result["prompts"]:
         assert p["identical"] and p["tokens"] == 40
         assert p["plain_tokens_per_second"] > 0 and p["spec_tokens_per_second"] > 0
+        # Every pass yields at least its own token; the drafters' counts add up.
+        assert p["tokens_per_target_pass"] >= 1.0
+        assert p["host_ms_per_draft_token"] >= 0.0
+        drafted = sum(d["drafted"] for d in p["drafters"].values())
+        assert all(d["accepted"] <= d["drafted"] for d in p["drafters"].values())
+        assert (p["mean_tree_size"] > 0) == (drafted > 0)
+    assert result["tree"] is True and result["history"] is False
+
+
+def test_bench_history_on_drafts_only_from_earlier_prompts(
+        target_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the history on, a prompt's repeats never draft from each other: the first asking
+    drafts nothing from the history, the same text asked next drafts from its answer."""
+    text = "the model of the list"
+    assert main(["bench", "--target", str(target_gguf), "--ctx", "512", "-n", "32",
+                 "--draft-mode", "history", "--draft-k", "8", "--history", "on",
+                 "--repeats", "2", "--baseline", "engine", "--prompt", text, "--prompt", text,
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["history"] is True and result["all_identical"] is True
+    first, second = result["prompts"]
+    assert first["drafters"].get("history", {}).get("drafted", 0) == 0, first["drafters"]
+    assert second["drafters"]["history"]["accepted"] >= 32, second["drafters"]
 
 
 def test_bench_sweep_reports_auto_against_each_fixed_k(

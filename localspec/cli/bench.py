@@ -213,20 +213,40 @@ def _spread(ratios: list[float | None]) -> str:
     return f"{min(known):.2f}-{max(known):.2f}" if known else "-"
 
 
+def _per_pass(p: dict[str, Any]) -> str:
+    """Tokens per target pass, and the mean nodes a drafting round verified ("-": none)."""
+    tpp = p.get("tokens_per_target_pass")
+    if not tpp:
+        return "-"
+    size = p.get("mean_tree_size") or 0.0
+    trees = p.get("tree_rounds") or 0
+    return f"{tpp:.2f} ({size:.1f}{', trees' if trees else ''})"
+
+
+def _drafters_line(drafters: dict[str, Any]) -> str:
+    """Per drafter: accepted of drafted, over the prompt's runs."""
+    return ", ".join(f"{name} {d['accepted']}/{d['drafted']} accepted "
+                     f"({d['acceptance_rate']:.0%})" for name, d in drafters.items()
+                     if d.get("drafted"))
+
+
 def _print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     remote = result.get("remote")
-    where = "remote" if remote else f"{result['draft_mode']}, K={result['k']}"
+    where = "remote" if remote else (
+        f"{result['draft_mode']}, K={result['k']}, tree {'on' if result.get('tree') else 'off'}"
+        f", history {'on' if result.get('history') else 'off'}")
     base = "baseline" if remote else result["baseline"]
     t = Table(title=f"localspec bench ({where}, temperature {result['temperature']}, "
                     f"target alone = {base})")
     sweep = result.get("sweep")
     columns = ["prompt", "kind", "tokens", "alone tok/s", "spec tok/s", "speedup",
-               "decode speedup", "acceptance", "mean K", "TTFT alone/spec ms"]
+               "decode speedup", "acceptance", "mean K", "tokens/pass (nodes)",
+               "TTFT alone/spec ms"]
     if not remote:
-        columns.append("host ms token/pass/step")
+        columns.append("host ms token/pass/step/draft")
     if sweep:
         columns.append("auto/best K (runs)")
     columns.append("identical")
@@ -243,11 +263,13 @@ def _print_table(result: dict[str, Any]) -> None:
         row = [p["name"], p["kind"], str(p["tokens"]), f"{p['plain_tokens_per_second']:.1f}",
                f"{p['spec_tokens_per_second']:.1f}", ratio(p["speedup"]),
                ratio(p["decode_speedup"]), f"{p['acceptance_rate']:.0%}", f"{p['mean_k']:.2f}",
+               _per_pass(p),
                f"{p['plain_ttft_seconds'] * 1000:.0f}/{p['spec_ttft_seconds'] * 1000:.0f}"]
         if not remote:
             row.append(f"{p.get('spec_host_ms_per_token', 0.0):.2f}/"
                        f"{p['spec_host_ms_per_step']:.2f}/"
-                       f"{p.get('spec_host_ms_per_decode', 0.0):.2f}")
+                       f"{p.get('spec_host_ms_per_decode', 0.0):.2f}/"
+                       f"{p.get('host_ms_per_draft_token', 0.0):.2f}")
         if sweep:
             row.append(f"{ratio(p['sweep']['auto_vs_best'])} ({p['sweep']['best']}; "
                        f"{_spread(p['sweep']['auto_vs_best_runs'])})")
@@ -255,7 +277,11 @@ def _print_table(result: dict[str, Any]) -> None:
         t.add_row(*row)
     # Wide enough for every column even when piped (rich assumes 80 columns off a terminal).
     # The sweep's cell ("1.02x (K=5; 0.98-1.04)") needs 20 more.
-    Console(width=None if sys.stdout.isatty() else 190 if sweep else 170).print(t)
+    Console(width=None if sys.stdout.isatty() else 215 if sweep else 195).print(t)
+    for p in result["prompts"]:
+        line = _drafters_line(p.get("drafters") or {})
+        if line:
+            print(f"{p['name']}: {line}")
     for p in result["prompts"]:
         diff = p.get("first_difference")
         if diff:

@@ -218,6 +218,18 @@ class SpeculativeEngine:
         finally:
             self._learned, self.history = saved, saved_history
 
+    @contextmanager
+    def frozen_history(self) -> Iterator[None]:
+        """Requests inside draft from the history as it stands now and add nothing to it: a
+        benchmark's repeats of one prompt must not draft from each other's answers."""
+        saved = self.history
+        if saved is not None:
+            self.history = saved.detached()
+        try:
+            yield
+        finally:
+            self.history = saved
+
     def clear_caches(self) -> None:
         """Empty both models' KV caches, so the next request decodes its whole prompt in one
         batch instead of reusing a cached prefix: what a comparison of runs needs, since a

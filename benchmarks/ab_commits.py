@@ -1,0 +1,97 @@
+"""Two commits' `bench` side by side, interleaved, so a machine that speeds up or slows down
+for minutes moves both alike.
+
+One `bench` run of each commit per round (repeats 1 inside), alternating A, B, B, A, A, B, ...
+for ``--rounds`` rounds; each commit runs from its own `git worktree` with this checkout's venv
+(llama-cpp-python is the same). Reported per prompt and overall: each commit's median speedup
+over the rounds, and the median of the per-round B/A ratios (the paired figure to trust).
+
+  .venv/bin/python benchmarks/ab_commits.py --a 65ac510 --b HEAD --rounds 3 \\
+      --target T.gguf --draft D.gguf [--json OUT] [-- extra bench options]
+
+Why: two back-to-back runs of the same bench on these 2-core machines differed by 25% in the
+target alone's tokens/s (benchmarks/README.md), more than the changes they were meant to judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _worktree(commit: str, where: Path) -> Path:
+    path = where / commit.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
+                   check=True, capture_output=True)
+    return path
+
+
+def _bench(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "localspec", "bench",
+           "--target", str(args.target), "--draft", str(args.draft), "--repeats", "1",
+           "--json", *args.extra]
+    env = {**os.environ, "PYTHONPATH": str(tree)}  # this commit's localspec, not the venv's
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench at {tree} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", required=True, help="the commit before")
+    ap.add_argument("--b", default="HEAD", help="the commit after")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--draft", type=Path, required=True)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("extra", nargs="*", help="after --: more bench options for both")
+    args = ap.parse_args()
+    runs: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+    with tempfile.TemporaryDirectory(prefix="ab-commits-") as tmp:
+        trees = {"a": _worktree(args.a, Path(tmp)), "b": _worktree(args.b, Path(tmp))}
+        try:
+            for r in range(args.rounds):
+                for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
+                    runs[side].append(_bench(trees[side], args))
+                    print(f"round {r + 1}: {side} {runs[side][-1]['speedup']:.3f}x",
+                          file=sys.stderr)
+        finally:
+            for t in trees.values():
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(t)],
+                               check=False, capture_output=True)
+    names = [p["name"] for p in runs["a"][0]["prompts"]]
+
+    def speedups(side: str, i: int | None) -> list[float]:
+        return [run["speedup"] if i is None else run["prompts"][i]["speedup"]
+                for run in runs[side]]
+
+    report: dict[str, Any] = {"a": args.a, "b": args.b, "rounds": args.rounds, "prompts": []}
+    for i, name in enumerate([*names, None]):
+        a, b = speedups("a", None if name is None else i), speedups("b", None if name is None
+                                                                     else i)
+        row = {"prompt": name or "all", "a_median": statistics.median(a),
+               "b_median": statistics.median(b),
+               "b_over_a_paired": statistics.median(y / x for x, y in zip(a, b, strict=True)),
+               "identical": all((run["all_identical"] if name is None
+                                 else run["prompts"][i]["identical"])
+                                for side in runs.values() for run in side)}
+        report["prompts"].append(row)
+        print(f"{row['prompt']:10s} a {row['a_median']:.2f}x  b {row['b_median']:.2f}x  "
+              f"b/a {row['b_over_a_paired']:.2f}  identical {row['identical']}")
+    if args.json:
+        args.json.write_text(json.dumps({**report, "runs": runs}, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
