@@ -1,5 +1,6 @@
 """Token trees end to end, on F32, Q8_0 and Q4_K_M: greedy output is the target's own, seeded
-coupled text is the same whether drafted as a tree, a chain or not at all, and after every
+coupled text is the same whether drafted as a tree, a chain or not at all (up to a numerical
+near-tie in the target's own one-token pass), and after every
 step the target's KV cache holds exactly the accepted branch (rollbacks past n_batch too).
 
 This CPU's verification cost climbs steeply, where the planner keeps chains; trees are
@@ -9,12 +10,14 @@ the engine's what-if), never by a switch for tests."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from localspec.benchmarking import first_difference
 from localspec.engine import ModelSettings, SamplingParams, SpeculativeEngine
 from localspec.engine.calibration import Calibration
 from localspec.engine.drafters import DraftContext, PromptLookupDrafter, TreeRequest
@@ -32,7 +35,11 @@ SETTINGS = ModelSettings(n_ctx=1024)
 @pytest.fixture
 def engine(pair: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
     with SpeculativeEngine.load(*pair, SETTINGS) as eng:
-        eng.use_calibration(FLAT, learn=False)
+        # The what-if replaces the costs only: the near-tie guard keeps this build's measured
+        # drift on this file, as a user's engine would (FLAT's own drift is 0.0).
+        run(eng, PROMPTS[0], max_tokens=4, cold=True)  # measures it after the first token
+        assert eng.calibration is not None
+        eng.use_calibration(replace(FLAT, drift=eng.calibration.drift), learn=False)
         yield eng
 
 
@@ -76,6 +83,17 @@ def test_tree_off_and_fixed_k_draft_chains(engine: SpeculativeEngine) -> None:
     assert off.tokens == fixed.tokens == on.tokens
 
 
+def _same_up_to_a_near_tie(engine: SpeculativeEngine, prompt: str, plain: tuple[int, ...],
+                           drafted: tuple[int, ...], sp: SamplingParams) -> bool:
+    """The same text, or texts that part where the target's own one-token pass puts its two
+    best Gumbel scores within the near-tie guard: a numerical near-tie, which batched kernels
+    may decide either way (a quantized target's repacked kernels, seen once in CI here)."""
+    if plain == drafted:
+        return True
+    where = first_difference(engine, engine.tokenize(prompt, chat=False), plain, drafted, sp)
+    return where is not None and bool(where["near_tie"])
+
+
 def test_seeded_coupled_text_is_the_same_drafted_any_way(engine: SpeculativeEngine) -> None:
     """Coupled sampling's noise depends on the seed and the position only: a tree's accepted
     branch is what the target samples, whatever else the tree held."""
@@ -86,7 +104,9 @@ def test_seeded_coupled_text_is_the_same_drafted_any_way(engine: SpeculativeEngi
             plain = run(engine, prompt, mode="none", sampling=sp, cold=True)
             chain = run(engine, prompt, k=3, sampling=sp, cold=True)
             tree = run(engine, prompt, sampling=sp, cold=True)
-            assert plain.tokens == chain.tokens == tree.tokens, (seed, prompt)
+            for drafted in (chain, tree):
+                assert _same_up_to_a_near_tie(engine, prompt, plain.tokens, drafted.tokens,
+                                              sp), (seed, prompt, engine.tie_margin)
             trees += tree.stats.tree_rounds
     assert trees > 0
 
