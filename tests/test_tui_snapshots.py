@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import TextArea
 
 from localspec.chat_store import ChatStore
 from localspec.options import Settings
@@ -51,6 +52,11 @@ async def _settle(pilot: Any, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"no machine sample shown after {timeout}s")
         await pilot.pause(0.02)
+    # A blinking cursor is drawn or not by the time of the capture (CI once caught the prompt's
+    # cursor off): held on, as the snapshots show it.
+    for area in app.query(TextArea):
+        area.cursor_blink = False
+    await pilot.pause()
     await pilot.wait_for_scheduled_animations()
 
 
