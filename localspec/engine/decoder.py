@@ -208,15 +208,13 @@ class SpeculativeEngine:
         """Requests inside teach acceptance to a copy that is dropped afterwards: a benchmark's
         fixed-K runs must not teach auto what they saw (auto would then be measured on
         knowledge a user's auto never had)."""
-        saved, saved_history = self._learned, self.history
+        saved = self._learned
         self._learned = copy.deepcopy(saved)
-        # Nor may they teach the history: inside, a copy in memory that is dropped too.
-        if saved_history is not None:
-            self.history = saved_history.detached()
         try:
-            yield
+            with self.frozen_history():  # nor may they teach the history
+                yield
         finally:
-            self._learned, self.history = saved, saved_history
+            self._learned = saved
 
     @contextmanager
     def frozen_history(self) -> Iterator[None]:
