@@ -468,3 +468,19 @@ def test_a_few_rejections_do_not_shut_a_confidence_bin() -> None:
     for _ in range(40):  # a bin that keeps failing does close
         ctl.model_acc.observe([0.15], n_accepted=0)
     assert ctl.trim(Proposal("model", tokens=[7], confidences=[0.15])) == 0
+
+
+def test_a_chain_widths_cost_is_the_median_of_its_rounds() -> None:
+    """One slow moment (a timing of 9.0 among ~1.0s) moves one round, not the width's cost;
+    every width is timed once a round, widths interleaved."""
+    from localspec.engine.calibration import median_times
+
+    script = iter([1.0, 2.0, 9.0, 2.1, 1.1, 9.0])  # round 1: w2, w3; round 2; round 3
+    order: list[int] = []
+
+    def timed(w: int) -> float:
+        order.append(w)
+        return next(script)
+
+    assert median_times(timed, [2, 3], 3) == {2: 1.1, 3: 2.1}
+    assert order == [2, 3, 2, 3, 2, 3]

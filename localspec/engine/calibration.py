@@ -16,10 +16,11 @@ at the start of the context, the drift of an F16 target came out 2.5x smaller th
 width 6+ (0.0065 vs 0.0163 logits; ``benchmarks/drift.py``), too small to guard the near-ties
 that then differed.
 
-Measuring takes a few seconds on a CPU (6 s for an F16 1.5B target on 2 cores: one pass at each
-width), milliseconds on a GPU. It happens after the first token of the first request
-that drafts (so it never delays a first token), and the result is cached per (target file, draft
-file, llama.cpp build and CPU, loading settings); the engine keeps refining the cost curve online.
+Measuring takes seconds on a CPU (about 10 s for an F16 1.5B target on 2 cores: three passes
+at each chain width, one at each tree width), milliseconds on a GPU. It happens after the first
+token of the first request that drafts (so it never delays a first token), and the result is
+cached per (target file, draft file, llama.cpp build and CPU, loading settings); the engine
+keeps refining the cost curve online.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,13 @@ from .llama_backend import LlamaRunner
 log = logging.getLogger(__name__)
 
 # 5: target passes wider than a chain (WIDE_WIDTHS) are measured too, for token trees.
-CALIBRATION_VERSION = 5
+# 6: each chain width is the median of NARROW_ROUNDS timings.
+CALIBRATION_VERSION = 6
+# Rounds over the chain widths, each width's median kept. Timed once, a width came out 10-20%
+# off on these 2-core machines (a 5-token F16 pass at 1.66 one-token passes in one
+# measurement, 1.40 in the next, same machine): enough to flip auto's first decision to plain
+# decoding, where it then stayed for a whole request (benchmarks/README.md, 2026-12-02 A/B).
+NARROW_ROUNDS = 3
 # Token trees' widths: a handful up to 256 nodes, each timed once. Measuring stops at the first
 # that costs more than WIDE_STOP one-token passes: no tree there can pay (a step would have to
 # yield that many tokens), and on a CPU where the curve climbs steeply that is the first one.
@@ -108,14 +116,19 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
     # The first single decode of a new context allocates graphs: the median ignores it.
     points = {1: float(np.median(t_single[1:] or t_single))}
     drift = 0.0
+
     # No warm-up per width: once the context has decoded, a new batch shape costs no more the
     # first time than the next (measured on F16, widths 1-13).
-    for w in widths:
+    def timed(w: int) -> float:
+        nonlocal drift
         target.truncate(base)
         t0 = time.perf_counter()
         batched = target.decode(seq[:w], w)
-        points[w] = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         drift = max(drift, max(float(np.abs(singles[i] - batched[i]).max()) for i in range(w)))
+        return seconds
+
+    points.update(median_times(timed, widths, NARROW_ROUNDS))
     target.truncate(base)
     _measure_wide(target, points, seq, min(target.n_batch, room))
     draft_token = 0.0
@@ -132,6 +145,18 @@ def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
     log.info("calibration in %.2fs: target %s; draft %.4fs/token; drift %.4f", cal.seconds,
              {n: round(t, 4) for n, t in sorted(points.items())}, draft_token, drift)
     return cal
+
+
+def median_times(time_width: Callable[[int], float], widths: Sequence[int],
+                 rounds: int) -> dict[int, float]:
+    """Each width's median seconds over ``rounds`` rounds of ``time_width``, every width once
+    a round: a machine that slows for a moment moves one round of each width, never all of
+    one width's."""
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(max(rounds, 1)):
+        for w in widths:
+            times[w].append(time_width(w))
+    return {w: float(np.median(ts)) for w, ts in times.items()}
 
 
 def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
