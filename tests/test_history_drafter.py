@@ -112,6 +112,37 @@ def test_auto_takes_long_history_drafts_where_the_draft_model_does_not_pay(
     assert accepted / rounds >= 4, by
 
 
+def test_where_earlier_answers_went_different_ways_the_history_drafts_a_tree(
+        target_gguf: Path) -> None:
+    """An earlier answer, then a more recent one that left it after 5 tokens: a chain
+    follows the most recent and is rejected there; a tree offers both ways and the target
+    takes the right one in the same pass. Costs of a memory-bound device (a pass over 64
+    tokens costs 1.25 of one), fixed, where the planner drafts trees."""
+    flat = Calibration({1: 0.010, **{n: 0.010 + 0.00005 * n for n in range(2, 14)},
+                        16: 0.0109, 32: 0.0115, 64: 0.0125, 128: 0.014}, 0.0005, 0.0)
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512),
+                                history=store) as eng:
+        eng.use_calibration(flat, learn=False)
+        prompt = eng.tokenize(PROMPTS[3], chat=False)
+        plain, _ = _ask(eng, PROMPTS[3], mode="none")
+        store.record(prompt, [*plain[:5], *(t + 1 for t in plain[5:])])
+        done = {}
+        for tree in (False, True):
+            eng.clear_caches()
+            # 8 tokens: one step past the first token, as a tree; two as a chain.
+            req = GenerationRequest(prompt_tokens=prompt, max_tokens=8,
+                                    draft=DraftSettings(mode="history", tree=tree))
+            with eng.separate_learning():
+                done[tree] = eng.generate(req)
+    for res in done.values():
+        assert res.tokens == plain[:8]
+    chain, tree = done[False].stats, done[True].stats
+    assert chain.tree_rounds == 0 < tree.tree_rounds
+    assert tree.target_passes < chain.target_passes
+    assert tree.drafters["history"].accepted > chain.drafters["history"].accepted
+
+
 def test_off_in_the_request_neither_drafts_nor_records(target_gguf: Path) -> None:
     store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
     with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512),

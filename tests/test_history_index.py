@@ -48,6 +48,25 @@ def test_continuations_follow_the_majority_and_report_agreement() -> None:
     assert found.agreement == (0.75, 0.5) and found.matches == 4
 
 
+def test_a_tree_holds_every_way_the_matches_went_most_recent_first() -> None:
+    index = HistoryIndex("v")
+    for n, tail in enumerate(([10, 11], [10, 12], [10, 11], [20, 21])):
+        index.add([100 + n, 7, 8, 9, *tail])
+    tree = index.lookup_tree([7, 8, 9], depth=2, max_nodes=16)
+    assert tree is not None and tree.matches == 4 and tree.match_length == 3
+    paths = {}
+    for i, (tok, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        paths[i] = (*paths[parent], tok) if parent >= 0 else (tok,)
+    by_path = {paths[i]: tree.shares[i] for i in paths}
+    assert by_path == {(10,): 0.75, (10, 11): 0.5, (10, 12): 0.25, (20,): 0.25,
+                       (20, 21): 0.25}
+    assert tree.tokens[:2] == (20, 21)  # the most recent document's way first
+    small = index.lookup_tree([7, 8, 9], depth=2, max_nodes=3)
+    assert small is not None and len(small.tokens) == 3
+    assert index.lookup_tree([7, 8, 9], depth=0, max_nodes=8) is None
+    assert index.lookup_tree([1, 2, 3], depth=2, max_nodes=8) is None
+
+
 def test_a_tie_goes_to_the_most_recent() -> None:
     index = HistoryIndex("v")
     index.add([7, 8, 9, 10])

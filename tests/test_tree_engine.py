@@ -1,7 +1,8 @@
-"""Token trees end to end, on F32, Q8_0 and Q4_K_M: greedy output is the target's own, seeded
-coupled text is the same whether drafted as a tree, a chain or not at all (up to a numerical
-near-tie in the target's own one-token pass), and after every
-step the target's KV cache holds exactly the accepted branch (rollbacks past n_batch too).
+"""Token trees end to end, on F32, Q8_0 and Q4_K_M: greedy output is the target's own (with
+prompt lookup's branches grafted into the draft model's trees too), seeded coupled text is the
+same whether drafted as a tree, a chain or not at all (up to a numerical near-tie in the
+target's own one-token pass), and after every step the target's KV cache holds exactly the
+accepted branch (rollbacks past n_batch too).
 
 This CPU's verification cost climbs steeply, where the planner keeps chains; trees are
 exercised by deciding with a memory-bound device's costs (``use_calibration(learn=False)``,
@@ -55,19 +56,21 @@ def _cache_holds_exactly(runner: LlamaRunner, tokens: list[int]) -> None:
 
 
 def test_greedy_trees_are_the_targets_output(engine: SpeculativeEngine) -> None:
-    trees = 0
+    trees = merged = 0
     for prompt in PROMPTS:
         plain = run(engine, prompt, mode="none", cold=True)
         tree = run(engine, prompt, cold=True)
         assert tree.tokens == plain.tokens, prompt
         assert tree.text == plain.text
         trees += tree.stats.tree_rounds
+        merged += tree.stats.merged_rounds
         if tree.stats.tree_rounds:
             # A tree's accepted branch is one path: fewer target passes than tokens, and more
             # nodes verified per round than tokens accepted.
             assert tree.stats.target_passes < tree.stats.completion_tokens
             assert tree.stats.mean_tree_size > tree.stats.mean_accepted_length
     assert trees > 0  # on these costs the planner drafts trees
+    assert merged > 0  # and prompt lookup's continuations join the draft model's trees
 
 
 def test_tree_off_and_fixed_k_draft_chains(engine: SpeculativeEngine) -> None:
@@ -142,6 +145,19 @@ def test_the_cache_holds_exactly_the_accepted_branch_after_every_step(
         again = run(eng, " ".join(PROMPTS[:2]), max_tokens=40)
         assert again.tokens == run(eng, " ".join(PROMPTS[:2]), mode="none", max_tokens=40,
                                    cold=True).tokens
+
+
+def test_drafting_trees_keeps_the_draft_tokens_price_measured(pair: tuple[Path, Path]) -> None:
+    """Each tree level is one draft pass whose time teaches the cost model (as a chain's
+    one-token decodes do): a draft price far below what this machine takes rises toward it."""
+    with SpeculativeEngine.load(*pair, SETTINGS) as eng:
+        run(eng, PROMPTS[0], max_tokens=4, cold=True)
+        assert eng.calibration is not None
+        cheap = replace(FLAT, draft_token=FLAT.draft_token / 100, drift=eng.calibration.drift)
+        eng.use_calibration(cheap, learn=True)
+        res = run(eng, PROMPTS[1], max_tokens=48)
+        assert res.stats.tree_rounds > 0
+        assert eng._costs.draft_token > 2 * cheap.draft_token
 
 
 def test_a_steep_cost_curve_keeps_chains(pair: tuple[Path, Path]) -> None:

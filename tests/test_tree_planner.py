@@ -103,6 +103,19 @@ def test_cost_model_prices_wide_passes_between_measurements() -> None:
     assert costs.draft_pass(64) == pytest.approx(costs.draft_token * 1.15)
 
 
+def test_a_tree_levels_draft_pass_teaches_the_draft_tokens_price() -> None:
+    """A level of 64 nodes that took 1.15 draft tokens' time on GPU scaling says the draft
+    token is still what it was; one that took twice that says it costs twice as much."""
+    costs = _costs(GPU)
+    token = costs.draft_token
+    costs.observe_draft_pass(64, token * 1.15)
+    assert costs.draft_token == pytest.approx(token)
+    costs.smoothing = 1.0
+    costs.observe_draft_pass(64, 2 * token * 1.15)
+    assert costs.draft_token == pytest.approx(2 * token)
+    assert costs.draft_pass(64) == pytest.approx(2 * token * 1.15)
+
+
 def _controller(curve: dict[int, float]) -> DraftController:
     acc = {"model": AcceptanceModel(prior_rate=0.7)}
     return DraftController(_costs(curve), 12, acceptance=acc, model="model")

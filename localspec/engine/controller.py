@@ -109,6 +109,12 @@ class CostModel:
     def observe_draft(self, per_token: float) -> None:
         self.draft_token += self.smoothing * (per_token - self.draft_token)
 
+    def observe_draft_pass(self, width: int, seconds: float) -> None:
+        """A tree level's draft pass over ``width`` nodes took ``seconds``: read back, through
+        the same scaling ``draft_pass`` prices it by, as the draft token it implies, so a
+        request that drafts only trees keeps its draft's price as current as chains do."""
+        self.observe_draft(seconds * self.verify(1) / self.verify(max(width, 1)))
+
     def observe_draft_first(self, seconds: float) -> None:
         self.draft_first = seconds if self.draft_first <= 0 else (
             self.draft_first + self.smoothing * (seconds - self.draft_first))
@@ -658,11 +664,21 @@ class DraftController:
         return self._tree
 
     def tree_estimates(self, prop: Proposal) -> list[float]:
-        """P(each node matches the target's choice | its parent was accepted)."""
+        """P(each node matches the target's choice | its parent was accepted), each node by
+        its own drafter's acceptance (a grafted branch by the free drafter's)."""
         if prop.source == self.model:
-            return self._estimates(prop, len(prop.tokens))
-        rate = self.acceptance[prop.source].rate
-        return [rate] * len(prop.tokens)
+            own = self._estimates(prop, len(prop.tokens))
+        else:
+            own = [self._free_estimate(prop.source, c) for c in prop.confidences]
+        if not prop.node_sources:
+            return own
+        return [own[i] if name == prop.source else self._free_estimate(name, prop.confidences[i])
+                for i, name in enumerate(prop.node_sources)]
+
+    def _free_estimate(self, source: str, confidence: float) -> float:
+        acc = self.acceptance[source]
+        calibrated = source in drafters.names() and drafters.get(source).calibrated
+        return acc.estimate(confidence) if calibrated else acc.rate
 
     def trim_tree(self, prop: Proposal) -> None:
         """Keep the nodes of a drafted tree worth verifying (drafting is already spent)."""
@@ -687,6 +703,9 @@ class DraftController:
         acc = self.acceptance[prop.source]
         kids = prop.children()
         conf = prop.confidences
+        if prop.node_sources:
+            self._observe_grafts(prop, kids, path, choices)
+            kids = [[c for c in k if prop.node_sources[c] == prop.source] for k in kids]
         ranked = [sorted(k, key=lambda c: (-conf[c], c)) for k in kids]
         main: list[float] = []
         n_acc = 0
@@ -710,6 +729,19 @@ class DraftController:
         acc.observe_siblings(others)
         if self._peeking:
             self.observe_peek(self.model_worth_trying(self.k_max))
+
+    def _observe_grafts(self, prop: Proposal, kids: list[list[int]], path: Sequence[int],
+                        choices: Sequence[int | None]) -> None:
+        """Grafted nodes at a position the target decided (below the root or an accepted
+        node) teach their own drafter, one token each: whether the target chose it."""
+        for j, choice in enumerate(choices):
+            if choice is None:
+                continue
+            for c in kids[path[j - 1] if j else -1]:
+                name = prop.node_sources[c]
+                if name != prop.source:
+                    self.acceptance[name].observe([prop.confidences[c]],
+                                                  int(prop.tokens[c] == choice))
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int,

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -441,7 +441,7 @@ class SpeculativeEngine:
             room = min(run.max_new - len(run.out) - 1, self.target.n_ctx - len(run.seq) - 1)
             prop = self._propose(run, controller, room)
             k = len(prop.tokens)
-            if not prop.is_chain:
+            if not prop.is_chain or prop.is_mixed:  # a chain of two drafters' nodes too
                 new, n_acc = self._tree_step(run, controller, prop)
                 yield from self._emit(run, new, n_drafted=n_acc)
                 continue
@@ -518,7 +518,9 @@ class SpeculativeEngine:
         s.accepted += len(path)
         s.draft_rounds += 1
         s.tree_rounds += 1
-        s.count_round(prop.source, k, len(path))
+        s.merged_rounds += prop.is_mixed
+        for name, (drafted, accepted) in prop.counts_by_source(path).items():
+            s.count_round(name, drafted, accepted)
         s.k_counts[k] += 1
         return [prop.tokens[i] for i in path] + ([nxt] if nxt is not None else []), len(path)
 
@@ -660,9 +662,8 @@ class SpeculativeEngine:
             return free
         if tree is not None:
             prop = primary.propose_tree(ctx, tree)
-            run.stats.draft_seconds += prop.seconds
-            run.stats.draft_host_seconds += prop.seconds - prop.decode_seconds
-            run.stats.draft_model_tokens += len(prop.tokens)
+            self._observe_drafting(run, prop)
+            self._graft_companions(run, ctx, tree, prop)
             controller.trim_tree(prop)
             return prop
         if not controller.model_worth_trying(cap):
@@ -671,18 +672,45 @@ class SpeculativeEngine:
                 return Proposal(source=NO_DRAFT)
             controller.start_peek()
         prop = primary.propose(ctx, cap)
+        self._observe_drafting(run, prop)
+        prop.truncate(controller.trim(prop))
+        return prop
+
+    def _graft_companions(self, run: _Run, ctx: DraftContext, tree: TreeRequest,
+                          prop: Proposal) -> None:
+        """Add the free drafters' continuations (prompt lookup's several, history's) to the
+        draft model's tree as more branches: the target checks them in the pass it pays for
+        anyway, and ``trim_tree`` then keeps the nodes whose acceptance pays for their width.
+        The target alone holds them (the draft never decodes a grafted node), so its room,
+        not the draft's, bounds them."""
+        if not run.fallbacks or prop.dists is not None:
+            return
+        max_nodes = self._tree_room(run)
+        free_request = replace(tree, nodes=max_nodes, branches=self.target.branches,
+                               children=None)
+        for drafter in run.fallbacks:
+            prop.graft(drafter.propose_tree(ctx, free_request), max_nodes, self.target.branches)
+
+    def _tree_room(self, run: _Run) -> int:
+        """The most nodes one tree may have: it and the last accepted token go in one target
+        batch, within the context."""
+        return min(TREE_MAX_NODES, self.target.n_batch - 1, self.target.n_ctx - len(run.seq) - 1)
+
+    def _observe_drafting(self, run: _Run, prop: Proposal) -> None:
+        """Count a costly drafter's work and teach the cost model what its passes took: the
+        first (which catches up), then each one-token step of a chain or level of a tree."""
         run.stats.draft_seconds += prop.seconds
         run.stats.draft_host_seconds += prop.seconds - prop.decode_seconds
         run.stats.draft_model_tokens += len(prop.tokens)
-        stepped = sum(prop.step_seconds)
+        stepped = sum(prop.step_seconds) + sum(s for _, s in prop.level_passes)
         if prop.step_seconds:
-            self._costs.observe_draft(stepped / len(prop.step_seconds))
+            self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
+        for width, seconds in prop.level_passes:
+            self._costs.observe_draft_pass(width, seconds)
         first = prop.seconds - stepped
         if prop.catch_up_tokens <= 2:  # what the last step added: a step's usual start
             self._costs.observe_draft_first(first)
         self._costs.observe_catch_up(prop.catch_up_tokens, first)
-        prop.truncate(controller.trim(prop))
-        return prop
 
     def _tree_request(self, run: _Run, controller: DraftController, room: int,
                       drafter: Drafter) -> TreeRequest | None:
@@ -696,10 +724,7 @@ class SpeculativeEngine:
         branches = self.target.branches
         if drafter.costly:
             branches = min(branches, self.draft.branches if self.draft is not None else 0)
-        # The tree and the last accepted token go in one batch, within the context.
-        max_nodes = min(TREE_MAX_NODES, self.target.n_batch - 1,
-                        self.target.n_ctx - len(run.seq) - 1)
-        plan = controller.tree_plan(room, max_nodes, branches, drafter.name)
+        plan = controller.tree_plan(room, self._tree_room(run), branches, drafter.name)
         if plan is None:
             return None
         return TreeRequest(nodes=plan.nodes, depth=plan.depth, branches=branches,

@@ -59,6 +59,19 @@ class Continuation:
     matches: int
 
 
+@dataclass(frozen=True, slots=True)
+class ContinuationTree:
+    """The continuations of the longest earlier matches as one trie: node i is ``tokens[i]``
+    after node ``parents[i]`` (-1: the context's end), parents first and the most recent
+    match's path first; ``shares[i]``: the share of the matches that continued through it."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    shares: tuple[float, ...]
+    match_length: int
+    matches: int
+
+
 def _keys(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Keys of every three-token window that holds no separator, and the position that
     follows each window."""
@@ -215,7 +228,46 @@ class HistoryIndex:
                ) -> Continuation | None:
         """The continuation of the longest earlier match of ``context``'s end, at most
         ``budget`` tokens, where at least ``min_match`` tokens matched."""
-        if budget <= 0 or len(context) < KEY_TOKENS or not len(self._keys):
+        found = self._longest_matches(context, min_match) if budget > 0 else None
+        return None if found is None else self._merge_continuations(*found, budget)
+
+    def lookup_tree(self, context: Sequence[int], depth: int, max_nodes: int,
+                    min_match: int = KEY_TOKENS) -> ContinuationTree | None:
+        """Every continuation of the longest earlier matches of ``context``'s end, at most
+        ``depth`` tokens each, as one trie of at most ``max_nodes`` nodes."""
+        found = (self._longest_matches(context, min_match)
+                 if depth > 0 and max_nodes > 0 else None)
+        if found is None:
+            return None
+        starts, match = found
+        rows = self._rows(starts, depth)[::-1]  # the most recent first
+        tokens: list[int] = []
+        parents: list[int] = []
+        counts: list[int] = []
+        child: dict[tuple[int, int], int] = {}
+        for row in rows:
+            node = -1
+            for tok in row:
+                nxt = child.get((node, tok))
+                if nxt is None:
+                    if len(tokens) >= max_nodes:
+                        break
+                    nxt = child[(node, tok)] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(node)
+                    counts.append(0)
+                counts[nxt] += 1
+                node = nxt
+        if not tokens:
+            return None
+        return ContinuationTree(tuple(tokens), tuple(parents),
+                                tuple(c / len(rows) for c in counts), match, len(rows))
+
+    def _longest_matches(self, context: Sequence[int],
+                         min_match: int) -> tuple[np.ndarray, int] | None:
+        """Where the continuations of the longest earlier matches of ``context``'s end start
+        (ascending), and how many tokens they matched; None below ``min_match``."""
+        if len(context) < KEY_TOKENS or not len(self._keys):
             return None
         key = _key_of(context[-KEY_TOKENS:])
         lo = int(np.searchsorted(self._keys, key, side="left"))
@@ -233,8 +285,17 @@ class HistoryIndex:
         best = int(lengths.max())
         if best < min_match:
             return None
-        starts = hits[lengths == best]
-        return self._merge_continuations(starts, best, budget)
+        return hits[lengths == best], best
+
+    def _rows(self, starts: np.ndarray, budget: int) -> list[list[int]]:
+        """Up to ``budget`` tokens from each start, each cut at its document's end."""
+        rows = []
+        for start in starts.tolist():
+            row = self._tokens[start:start + budget].tolist()
+            if SEPARATOR in row:
+                row = row[:row.index(SEPARATOR)]
+            rows.append(row)
+        return rows
 
     def _merge_continuations(self, starts: np.ndarray, match: int,
                              budget: int) -> Continuation | None:
@@ -242,12 +303,7 @@ class HistoryIndex:
         # most recent one on a tie), and drop the matches that went elsewhere. Plain Python:
         # a few dozen short rows, where each numpy call would cost more than the work; the
         # usual cases (one match, or matches that agree) skip the counting.
-        rows = []
-        for start in starts.tolist():
-            row = self._tokens[start:start + budget].tolist()
-            if SEPARATOR in row:
-                row = row[:row.index(SEPARATOR)]
-            rows.append(row)
+        rows = self._rows(starts, budget)
         total = len(rows)
         if total == 1:
             only = rows[0]

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .history_index import Continuation, HistoryIndex
+from .history_index import Continuation, ContinuationTree, HistoryIndex
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,10 @@ class HistoryStore:
     # -- using it -----------------------------------------------------------------------------
     def lookup(self, context: Sequence[int], budget: int) -> Continuation | None:
         return self.index.lookup(context, budget)
+
+    def lookup_tree(self, context: Sequence[int], depth: int,
+                    max_nodes: int) -> ContinuationTree | None:
+        return self.index.lookup_tree(context, depth, max_nodes)
 
     def record(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         """One finished request: the end of its prompt and its output."""

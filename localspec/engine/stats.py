@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ class GenerationStats:
     draft_rounds: int = 0
     # Rounds that verified a token tree (wider than a chain) in one target pass.
     tree_rounds: int = 0
+    # Tree rounds whose tree held branches of more than one drafter (free ones grafted in).
+    merged_rounds: int = 0
     target_passes: int = 0
     # Tokens the draft model produced (before auto trimmed what it would not verify), and the
     # seconds of that drafting outside llama_decode: its host cost, what a GPU exposes.
@@ -143,6 +146,7 @@ class GenerationStats:
             "tokens_per_target_pass": round(self.tokens_per_target_pass, 3),
             "draft_rounds": self.draft_rounds,
             "tree_rounds": self.tree_rounds,
+            "merged_rounds": self.merged_rounds,
             "mean_tree_size": round(self.mean_tree_size, 3),
             "draft_model_tokens": self.draft_model_tokens,
             "draft_host_seconds": round(self.draft_host_seconds, 4),
@@ -175,7 +179,8 @@ class GenerationStats:
         are recomputed, unknown keys ignored, missing ones zero."""
         counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
-                                         "decode_calls", "tree_rounds", "draft_model_tokens")
+                                         "decode_calls", "tree_rounds", "draft_model_tokens",
+                                         "merged_rounds")
                     if isinstance(data.get(f), int)}
         timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
                                               "verify_seconds", "sample_seconds",
@@ -222,3 +227,15 @@ def _drafters_from_json(data: dict[str, Any]) -> dict[str, DrafterStats]:
             out[str(name)] = DrafterStats(**{f: d[f] for f in ("rounds", "drafted", "accepted")
                                              if isinstance(d.get(f), int)})
     return out
+
+
+def drafter_totals(requests: Iterable[GenerationStats]) -> dict[str, DrafterStats]:
+    """Per drafter (by name, sorted), its rounds and tokens summed over ``requests``."""
+    totals: dict[str, DrafterStats] = {}
+    for stats in requests:
+        for name, d in stats.drafters.items():
+            t = totals.setdefault(name, DrafterStats())
+            t.rounds += d.rounds
+            t.drafted += d.drafted
+            t.accepted += d.accepted
+    return dict(sorted(totals.items()))

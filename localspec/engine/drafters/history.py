@@ -11,7 +11,7 @@ a file, a tool call in a fixed schema, "the same again with one change"), right 
 from __future__ import annotations
 
 from .base import DraftContext, Drafter
-from .proposal import Proposal
+from .proposal import Proposal, TreeRequest
 
 
 class HistoryDrafter(Drafter):
@@ -40,8 +40,28 @@ class HistoryDrafter(Drafter):
             return Proposal(source=self.name)
         n = next((i for i, share in enumerate(found.agreement)
                   if i and share < self.MIN_AGREEMENT), len(found.tokens))
-        # A long earlier match is far likelier to go on as before than a three-token one:
-        # the confidence is the matches' agreement, discounted for a short match.
-        length = 1.0 - 0.5 ** (found.match_length / self.MATCH_HALF)
+        length = self._discount(found.match_length)
         return Proposal(source=self.name, tokens=list(found.tokens[:n]),
                         confidences=[share * length for share in found.agreement[:n]])
+
+    def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
+        """Where the earlier matches went different ways (a file revised one change at a
+        time, a schema's fields filled differently), each way as a branch: the target picks
+        whichever it would have written, in the one pass."""
+        out = Proposal(source=self.name)
+        if request.nodes <= 0 or request.depth <= 0 or ctx.history is None:
+            return out
+        found = ctx.history.lookup_tree(ctx.seq, request.depth, request.nodes)
+        if found is None:
+            return out
+        length = self._discount(found.match_length)
+        trie = Proposal(source=self.name, tokens=list(found.tokens),
+                        confidences=[share * length for share in found.shares],
+                        parents=list(found.parents))
+        out.graft(trie, request.nodes, request.branches)  # within the leaves the target holds
+        return out
+
+    def _discount(self, match_length: int) -> float:
+        # A long earlier match is far likelier to go on as before than a three-token one:
+        # the confidence is the matches' agreement, discounted for a short match.
+        return 1.0 - 0.5 ** (match_length / self.MATCH_HALF)

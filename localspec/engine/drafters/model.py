@@ -138,8 +138,10 @@ class ModelDrafter(Drafter):
             if not grow or len(prop.tokens) >= request.nodes:
                 break
             # One draft pass for the level: the new nodes, each attending to its own path.
+            t_level = time.perf_counter()
             rows = self.runner.extend_tree([prop.tokens[i] for i in new],
                                            [prop.parents[i] for i in new])
+            prop.level_passes.append((len(new), time.perf_counter() - t_level))
             expand([rows[new.index(i)] for i in grow], grow)
         if prop.is_chain:
             prop.parents = []

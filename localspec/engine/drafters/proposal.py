@@ -69,11 +69,16 @@ class Proposal:
     catch_up_tokens: int = 0
     # Seconds of each one-token draft decode after the first (which also catches up).
     step_seconds: list[float] = field(default_factory=list)
+    # A drafted tree's passes after the first, one per level: (nodes decoded, seconds).
+    level_passes: list[tuple[int, float]] = field(default_factory=list)
     # The controller's acceptance estimate per drafted token (filled as it decides).
     estimates: list[float] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     # Seconds of those decodes inside llama.cpp: the rest of ``seconds`` is host time.
     decode_seconds: float = 0.0
+    # Each node's drafter where another's branches were grafted in (``graft``); empty: every
+    # node is ``source``'s.
+    node_sources: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.tokens and not self.confidences:
@@ -108,8 +113,10 @@ class Proposal:
         del self.confidences[n:]
         del self.estimates[n:]
         del self.parents[n:]
+        del self.node_sources[n:]
         if self.dists is not None:
             del self.dists[n:]
+        self._drop_single_source()
 
     def depths(self) -> list[int]:
         """Each node's depth (a root's is 0)."""
@@ -139,7 +146,75 @@ class Proposal:
         self.parents = [new_index[parents[i]] if parents[i] >= 0 else ROOT for i in kept]
         self.tokens = [self.tokens[i] for i in kept]
         self.confidences = [self.confidences[i] for i in kept]
+        if self.node_sources:
+            self.node_sources = [self.node_sources[i] for i in kept]
         if self.dists is not None:
             self.dists = [self.dists[i] for i in kept]
         if self.is_chain:
             self.parents = []
+        self._drop_single_source()
+
+    # -- branches from other drafters -------------------------------------------------------
+    @property
+    def is_mixed(self) -> bool:
+        """Whether some node is another drafter's (grafted in)."""
+        return any(s != self.source for s in self.node_sources)
+
+    def source_of(self, node: int) -> str:
+        return self.node_sources[node] if self.node_sources else self.source
+
+    def _drop_single_source(self) -> None:
+        if not self.is_mixed:
+            self.node_sources = []
+
+    def graft(self, other: Proposal, max_nodes: int, max_branches: int) -> int:
+        """Add ``other``'s paths to this tree as branches (its tokens where they equal a
+        node's are that node, so no node has two children with one token), within
+        ``max_nodes`` nodes and ``max_branches`` leaves; return how many nodes were added.
+        Sampled drafts (``dists``) are chains of one drafter and take no grafts."""
+        if self.dists is not None or other.dists is not None or not other.tokens:
+            return 0
+        sources = self.node_sources or [self.source] * len(self.tokens)
+        parents = self.parent_list()
+        child = {(p, t): i for i, (p, t) in enumerate(zip(parents, self.tokens, strict=True))}
+        has_kids = {p for p in parents if p >= 0}
+        leaves = len(self.tokens) - len(has_kids)
+        where: dict[int, int] = {}  # other's node -> this tree's
+        added = 0
+        for j, (p, tok) in enumerate(zip(other.parent_list(), other.tokens, strict=True)):
+            if p >= 0 and p not in where:
+                continue  # its parent was left out: so is it
+            parent = where[p] if p >= 0 else ROOT
+            node = child.get((parent, tok))
+            if node is None:
+                new_leaf = parent < 0 or parent in has_kids
+                if len(self.tokens) >= max_nodes or (new_leaf and leaves >= max_branches):
+                    continue
+                leaves += new_leaf
+                node = child[(parent, tok)] = len(self.tokens)
+                self.tokens.append(tok)
+                self.confidences.append(other.confidences[j])
+                parents.append(parent)
+                sources.append(other.source)
+                if parent >= 0:
+                    has_kids.add(parent)
+                added += 1
+            where[j] = node
+        if added:
+            del self.estimates[len(self.tokens) - added:]  # estimates cover own nodes only
+            self.parents = parents
+            self.node_sources = sources
+            if self.is_chain:
+                self.parents = []
+            self._drop_single_source()  # a tree grafted into an empty one of its drafter's
+        return added
+
+    def counts_by_source(self, path: Sequence[int]) -> dict[str, tuple[int, int]]:
+        """Per drafter: its nodes in this proposal and those of them on the accepted ``path``."""
+        on_path = set(path)
+        out: dict[str, tuple[int, int]] = {}
+        for i in range(len(self.tokens)):
+            name = self.source_of(i)
+            drafted, accepted = out.get(name, (0, 0))
+            out[name] = (drafted + 1, accepted + (i in on_path))
+        return out
