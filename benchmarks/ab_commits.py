@@ -9,6 +9,9 @@ over the rounds, and the median of the per-round B/A ratios (the paired figure t
   .venv/bin/python benchmarks/ab_commits.py --a 65ac510 --b HEAD --rounds 3 \\
       --target T.gguf --draft D.gguf [--json OUT] [-- extra bench options]
 
+Two settings of one commit pair the same way: ``--a HEAD --b HEAD --a-args="--tree off"``
+(``--a-args``/``--b-args``: bench options for that side only).
+
 Why: two back-to-back runs of the same bench on these 2-core machines differed by 25% in the
 target alone's tokens/s (benchmarks/README.md), more than the changes they were meant to judge.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -29,16 +33,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _worktree(commit: str, where: Path) -> Path:
-    path = where / commit.replace("/", "_")
+    path = where / commit.replace("/", "_")  # the caller gives each side its own ``where``
+    where.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
                    check=True, capture_output=True)
     return path
 
 
-def _bench(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+def _bench(tree: Path, args: argparse.Namespace, side: str) -> dict[str, Any]:
+    own = shlex.split(getattr(args, f"{side}_args"))
     cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "localspec", "bench",
            "--target", str(args.target), "--draft", str(args.draft), "--repeats", "1",
-           "--json", *args.extra]
+           "--json", *args.extra, *own]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # this commit's localspec, not the venv's
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -54,15 +60,17 @@ def main() -> int:
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--a-args", default="", help="bench options for A only (one string)")
+    ap.add_argument("--b-args", default="", help="bench options for B only (one string)")
     ap.add_argument("extra", nargs="*", help="after --: more bench options for both")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory(prefix="ab-commits-") as tmp:
-        trees = {"a": _worktree(args.a, Path(tmp)), "b": _worktree(args.b, Path(tmp))}
+        trees = {side: _worktree(getattr(args, side), Path(tmp) / side) for side in "ab"}
         try:
             for r in range(args.rounds):
                 for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
-                    runs[side].append(_bench(trees[side], args))
+                    runs[side].append(_bench(trees[side], args, side))
                     print(f"round {r + 1}: {side} {runs[side][-1]['speedup']:.3f}x",
                           file=sys.stderr)
         finally:
@@ -75,7 +83,8 @@ def main() -> int:
         return [run["speedup"] if i is None else run["prompts"][i]["speedup"]
                 for run in runs[side]]
 
-    report: dict[str, Any] = {"a": args.a, "b": args.b, "rounds": args.rounds, "prompts": []}
+    report: dict[str, Any] = {"a": args.a, "b": args.b, "a_args": args.a_args,
+                              "b_args": args.b_args, "rounds": args.rounds, "prompts": []}
     for i, name in enumerate([*names, None]):
         a, b = speedups("a", None if name is None else i), speedups("b", None if name is None
                                                                      else i)

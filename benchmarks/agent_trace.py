@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localspec.engine.stats import GenerationStats, drafter_totals
+
 Messages = list[dict[str, str]]
 
 _FUNCTION = '''def parse_config(path):
@@ -274,19 +276,14 @@ def summarize(runs: dict[str, list[Result]]) -> dict[str, Any]:
         tokens = sum(r.tokens for r in results)
         seconds = sum(r.seconds for r in results)
         identical = [a.text == b.text for a, b in zip(alone, results, strict=True)]
-        per_drafter: dict[str, dict[str, int]] = {}
-        for r in results:
-            for drafter, d in (r.stats.get("drafters") or {}).items():
-                acc = per_drafter.setdefault(drafter, {"drafted": 0, "accepted": 0})
-                acc["drafted"] += int(d.get("drafted", 0))
-                acc["accepted"] += int(d.get("accepted", 0))
+        per_drafter = drafter_totals(GenerationStats.from_json(r.stats) for r in results)
         out["configs"][name] = {
             "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
             "speedup": (tokens / seconds) / (base_tokens / base_seconds),
             "identical": all(identical), "differing": [r.name for r, same
                                                       in zip(results, identical, strict=True)
                                                       if not same],
-            "acceptance": {k: (v["accepted"] / v["drafted"] if v["drafted"] else None)
+            "acceptance": {k: (v.accepted / v.drafted if v.drafted else None)
                            for k, v in per_drafter.items()},
             "per_request": [{"name": r.name, "tokens": r.tokens, "seconds": round(r.seconds, 3),
                              "tokens_per_second": round(r.rate, 2),

@@ -20,7 +20,7 @@ import numpy as np
 
 from .engine import DraftSettings, SamplingParams, SpeculativeEngine
 from .engine.sampling import apply_penalties, candidates, coupled_choice
-from .engine.stats import GenerationStats
+from .engine.stats import GenerationStats, drafter_totals
 from .requests import ChatOptions, Prompt, build_request, prompt_tokens
 
 Baseline = Literal["llama-cpp-python", "engine"]
@@ -316,6 +316,7 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "tokens_per_target_pass": round(m("speculative", "tokens_per_target_pass"), 3),
         "mean_tree_size": round(m("speculative", "mean_tree_size"), 3),
         "tree_rounds": int(m("speculative", "tree_rounds")),
+        "merged_rounds": int(m("speculative", "merged_rounds")),
         "host_ms_per_draft_token": round(m("speculative", "host_ms_per_draft_token"), 4),
         "drafters": _drafter_totals(r.runs["speculative"]),
         "engine_plain_tokens_per_second": round(m("plain", "tokens_per_second"), 3),
@@ -343,15 +344,9 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
 
 def _drafter_totals(runs: Sequence[RunResult]) -> dict[str, dict[str, float]]:
     """Per drafter over a prompt's runs: tokens drafted and accepted, and their acceptance."""
-    totals: dict[str, list[int]] = {}
-    for run in runs:
-        for name, d in run.stats.drafters.items():
-            t = totals.setdefault(name, [0, 0])
-            t[0] += d.drafted
-            t[1] += d.accepted
-    return {name: {"drafted": dr, "accepted": ac,
-                   "acceptance_rate": round(ac / dr, 4) if dr else 0.0}
-            for name, (dr, ac) in sorted(totals.items())}
+    return {name: {"drafted": d.drafted, "accepted": d.accepted,
+                   "acceptance_rate": round(d.accepted / d.drafted, 4) if d.drafted else 0.0}
+            for name, d in drafter_totals(run.stats for run in runs).items()}
 
 
 def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "plain",
