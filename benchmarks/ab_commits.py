@@ -12,6 +12,10 @@ over the rounds, and the median of the per-round B/A ratios (the paired figure t
 Two settings of one commit pair the same way: ``--a HEAD --b HEAD --a-args="--tree off"``
 (``--a-args``/``--b-args``: bench options for that side only).
 
+Every run starts from an empty ``LOCALSPEC_HOME`` (``--keep-caches``: the user's caches), so
+each measures this machine's costs anew, as a first run does: a cached calibration would make
+every round of a side repeat its first run's timings, noise included.
+
 Why: two back-to-back runs of the same bench on these 2-core machines differed by 25% in the
 target alone's tokens/s (benchmarks/README.md), more than the changes they were meant to judge.
 """
@@ -46,7 +50,11 @@ def _bench(tree: Path, args: argparse.Namespace, side: str) -> dict[str, Any]:
            "--target", str(args.target), "--draft", str(args.draft), "--repeats", "1",
            "--json", *args.extra, *own]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # this commit's localspec, not the venv's
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    with tempfile.TemporaryDirectory(prefix="ab-home-") as home:
+        if not args.keep_caches:
+            env["LOCALSPEC_HOME"] = home
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
+                              check=False)
     if proc.returncode != 0:
         raise SystemExit(f"bench at {tree} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout)
@@ -62,6 +70,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--a-args", default="", help="bench options for A only (one string)")
     ap.add_argument("--b-args", default="", help="bench options for B only (one string)")
+    ap.add_argument("--keep-caches", action="store_true",
+                    help="use the user's cached calibration instead of measuring each run anew")
     ap.add_argument("extra", nargs="*", help="after --: more bench options for both")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
@@ -84,7 +94,8 @@ def main() -> int:
                 for run in runs[side]]
 
     report: dict[str, Any] = {"a": args.a, "b": args.b, "a_args": args.a_args,
-                              "b_args": args.b_args, "rounds": args.rounds, "prompts": []}
+                              "b_args": args.b_args, "keep_caches": args.keep_caches,
+                              "rounds": args.rounds, "prompts": []}
     for i, name in enumerate([*names, None]):
         a, b = speedups("a", None if name is None else i), speedups("b", None if name is None
                                                                      else i)
