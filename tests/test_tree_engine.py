@@ -160,6 +160,21 @@ def test_drafting_trees_keeps_the_draft_tokens_price_measured(pair: tuple[Path, 
         assert eng._costs.draft_token > 2 * cheap.draft_token
 
 
+def test_grafts_stay_within_the_widths_measured(pair: tuple[Path, Path]) -> None:
+    """Calibrated only to 13 tokens, no tree (grafted branches included) is wider than 12
+    nodes: past the widths measured a pass's price is a guess."""
+    narrow = Calibration({n: t for n, t in FLAT.target_points.items() if n <= 13}, 0.0005, 0.0)
+    with SpeculativeEngine.load(*pair, SETTINGS) as eng:
+        run(eng, PROMPTS[0], max_tokens=4, cold=True)
+        assert eng.calibration is not None
+        eng.use_calibration(replace(narrow, drift=eng.calibration.drift), learn=False)
+        widest = 0
+        for prompt in PROMPTS:
+            res = run(eng, prompt, max_tokens=32)
+            widest = max(widest, *res.stats.k_counts)
+        assert 0 < widest <= 12
+
+
 def test_a_steep_cost_curve_keeps_chains(pair: tuple[Path, Path]) -> None:
     """Costs as a compute-bound CPU target (each verified token costs a step): no trees."""
     steep = Calibration({1: 0.01, 2: 0.02, 13: 0.13, 64: 0.64, 256: 2.56}, 0.002, 0.0)

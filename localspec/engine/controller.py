@@ -704,7 +704,9 @@ class DraftController:
         kids = prop.children()
         conf = prop.confidences
         if prop.node_sources:
-            self._observe_grafts(prop, kids, path, choices)
+            # Grafted nodes teach no one: a graft holds only where its drafter differed from
+            # the model (where they agreed the node is the model's), a biased sample of its
+            # drafter's guesses. They are priced by what its own proposals taught it.
             kids = [[c for c in k if prop.node_sources[c] == prop.source] for k in kids]
         ranked = [sorted(k, key=lambda c: (-conf[c], c)) for k in kids]
         main: list[float] = []
@@ -729,19 +731,6 @@ class DraftController:
         acc.observe_siblings(others)
         if self._peeking:
             self.observe_peek(self.model_worth_trying(self.k_max))
-
-    def _observe_grafts(self, prop: Proposal, kids: list[list[int]], path: Sequence[int],
-                        choices: Sequence[int | None]) -> None:
-        """Grafted nodes at a position the target decided (below the root or an accepted
-        node) teach their own drafter, one token each: whether the target chose it."""
-        for j, choice in enumerate(choices):
-            if choice is None:
-                continue
-            for c in kids[path[j - 1] if j else -1]:
-                name = prop.node_sources[c]
-                if name != prop.source:
-                    self.acceptance[name].observe([prop.confidences[c]],
-                                                  int(prop.tokens[c] == choice))
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, prop: Proposal, n_verified: int, n_accepted: int,

@@ -685,7 +685,10 @@ class SpeculativeEngine:
         not the draft's, bounds them."""
         if not run.fallbacks or prop.dists is not None:
             return
-        max_nodes = self._tree_room(run)
+        # Within the widths measured, as the plan is: past them a pass's price is a guess.
+        max_nodes = min(self._tree_room(run), self._costs.widest - 1)
+        if max_nodes <= len(prop.tokens):
+            return
         free_request = replace(tree, nodes=max_nodes, branches=self.target.branches,
                                children=None)
         for drafter in run.fallbacks:
@@ -707,7 +710,9 @@ class SpeculativeEngine:
             self._costs.observe_draft(sum(prop.step_seconds) / len(prop.step_seconds))
         for width, seconds in prop.level_passes:
             self._costs.observe_draft_pass(width, seconds)
-        first = prop.seconds - stepped
+        # A tree's first pass is timed on its own: its levels' ranking of children is host
+        # work the first pass of a chain does not have.
+        first = prop.first_seconds or prop.seconds - stepped
         if prop.catch_up_tokens <= 2:  # what the last step added: a step's usual start
             self._costs.observe_draft_first(first)
         self._costs.observe_catch_up(prop.catch_up_tokens, first)
@@ -776,7 +781,7 @@ class SpeculativeEngine:
         The next token is None when greedy or coupled verification met a near-tie in batched
         logits: the accepted prefix stands and the next step decides that position alone, as
         plain decoding would."""
-        if not prop.is_chain:
+        if not prop.is_chain or prop.is_mixed:
             raise ValueError(f"drafter {prop.source!r} proposed a token tree; verification "
                              "takes chains only")
         sp = run.req.sampling

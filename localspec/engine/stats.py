@@ -29,9 +29,11 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     draft_rounds: int = 0
-    # Rounds that verified a token tree (wider than a chain) in one target pass.
+    # Rounds verified as a token tree in one target pass: wider than a chain, or a chain of
+    # more than one drafter's tokens.
     tree_rounds: int = 0
-    # Tree rounds whose tree held branches of more than one drafter (free ones grafted in).
+    # Tree rounds that held more than one drafter's tokens (free drafters' grafted in): each
+    # of those drafters counts the round in its own ``drafters`` entry.
     merged_rounds: int = 0
     target_passes: int = 0
     # Tokens the draft model produced (before auto trimmed what it would not verify), and the

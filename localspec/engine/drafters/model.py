@@ -111,7 +111,10 @@ class ModelDrafter(Drafter):
                                           conf, d))
                     order += 1
 
-        expand([self.runner.sync(seq, 1)[0]], [-1])
+        t_first = time.perf_counter()
+        first = self.runner.sync(seq, 1)[0]
+        prop.first_seconds = time.perf_counter() - t_first
+        expand([first], [-1])
         leaves = 0
         while heap and len(prop.tokens) < request.nodes:
             new: list[int] = []

@@ -69,8 +69,10 @@ class Proposal:
     catch_up_tokens: int = 0
     # Seconds of each one-token draft decode after the first (which also catches up).
     step_seconds: list[float] = field(default_factory=list)
-    # A drafted tree's passes after the first, one per level: (nodes decoded, seconds).
+    # A drafted tree's passes after the first, one per level: (nodes decoded, seconds), and
+    # the seconds of its first pass (which also catches up).
     level_passes: list[tuple[int, float]] = field(default_factory=list)
+    first_seconds: float = 0.0
     # The controller's acceptance estimate per drafted token (filled as it decides).
     estimates: list[float] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
@@ -201,7 +203,7 @@ class Proposal:
                 added += 1
             where[j] = node
         if added:
-            del self.estimates[len(self.tokens) - added:]  # estimates cover own nodes only
+            del self.estimates[len(self.tokens) - added:]  # they covered the old nodes only
             self.parents = parents
             self.node_sources = sources
             if self.is_chain:
