@@ -4,11 +4,12 @@
     .venv/bin/python benchmarks/tree_budget.py --demo      # the tiny demo pair (a smoke run)
 
 For each node budget B (1, 4, 8, 16, 32, 64, 128) and each built-in prompt, greedy decoding runs
-with the real pair twice: the draft proposes a chain of B tokens, or a tree of B nodes (best
-first by the draft's probability of each path, at most 4 children a node, one draft pass per
-level), and the target verifies it in one pass. Acceptance is a property of the pair and the
-text, not of the machine: the script records accepted tokens per target pass, and then prices
-each budget with three verification cost curves, as a multiple of a one-token pass:
+with the real pair twice: the draft proposes a chain of B tokens, or a tree of at most B nodes
+(best first by the draft's probability of each path, above a floor steered so the tree fills B;
+at most 4 children a node, one draft pass per level), and the target verifies it in one pass.
+Acceptance is a property of the pair and the text, not of the machine: the script records
+accepted tokens per target pass, and then prices each budget with three verification cost
+curves, as a multiple of a one-token pass:
 
 * ``here``: measured on this machine now, on this target (one pass at each width);
 * ``gpu``: a target fully on a GPU, where a pass is bound by reading the weights: stated shape
@@ -85,14 +86,28 @@ def _measure_here(target: LlamaRunner, prompt: list[int]) -> dict[int, float]:
     return {n: t / points[1] for n, t in points.items()}
 
 
+class _Floor:
+    """The least path probability a tree node needs, steered step by step so the tree fills
+    its budget: drafted a level at a time, a tree with no floor spends it on the first level's
+    unlikely siblings before a likely path can go deeper (the engine's planner sets the floor
+    from its expected rates instead)."""
+
+    def __init__(self) -> None:
+        self.value = 0.05
+
+    def update(self, nodes: int, budget: int) -> None:
+        self.value = self.value * 1.25 if nodes >= budget else self.value * 0.5
+
+
 def _step(target: LlamaRunner, drafter: ModelDrafter, seq: list[int], budget: int, tree: bool,
-          sp: SamplingParams) -> tuple[list[int], list[int]]:
+          sp: SamplingParams, floor: _Floor) -> tuple[list[int], list[int]]:
     """One draft-and-verify step; returns (accepted + the target's token, level widths)."""
     if tree:
         req = TreeRequest(nodes=budget, depth=budget, branches=target.branches, width=WIDTH,
-                          floor=0.0, estimate=lambda c: c,
+                          floor=floor.value, estimate=lambda c: c,
                           children=lambda lg, h, d, n: greedy_children(lg, h, sp, n))
         prop = drafter.propose_tree(DraftContext(seq), req)
+        floor.update(len(prop.tokens), budget)
     else:
         pick = lambda lg, h, j: (*greedy_pick(lg, h, sp), None)  # noqa: E731
         prop = drafter.propose(DraftContext(seq, pick), budget)
@@ -133,13 +148,14 @@ def run(target_path: Path, draft_path: Path, max_tokens: int, n_prompts: int) ->
             for tree in (False, True):
                 passes = tokens = 0
                 widths: list[list[int]] = []
+                floor = _Floor()
                 for prompt in prompts:
                     target.reset()
                     draft.reset()
                     first = int(np.argmax(target.sync(prompt, 1)[0]))
                     seq = [*prompt, first]
                     while len(seq) - len(prompt) < max_tokens:
-                        out, levels = _step(target, drafter, seq, budget, tree, sp)
+                        out, levels = _step(target, drafter, seq, budget, tree, sp, floor)
                         seq.extend(out)
                         passes += 1
                         tokens += len(out)
