@@ -619,12 +619,10 @@ class DraftController:
         return self._free_prefix(prop)[1]
 
     def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
-        acc = self.acceptance[prop.source]
-        calibrated = prop.source in drafters.names() and drafters.get(prop.source).calibrated
-        if calibrated and len(prop.confidences) == len(prop.tokens):
-            probs = [acc.estimate(c) for c in prop.confidences]
+        if len(prop.confidences) == len(prop.tokens):
+            probs = [self._free_estimate(prop.source, c) for c in prop.confidences]
         else:
-            probs = [acc.rate] * len(prop.tokens)
+            probs = [self.acceptance[prop.source].rate] * len(prop.tokens)
         return _best_prefix(probs, self.costs, tie=self.ties.rate)
 
     # -- token trees --------------------------------------------------------------------------

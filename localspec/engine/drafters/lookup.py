@@ -78,31 +78,13 @@ class PromptLookupDrafter(Drafter):
 
     def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
         """The continuations of the suffix's recent occurrences as the branches of one tree,
-        most recent first, shared beginnings merged."""
+        most recent first, shared beginnings merged (``Proposal.graft``)."""
         seq = ctx.seq
         n, starts = self._matches(seq) if request.nodes > 0 else (0, [])
         prop = Proposal(source=self.name)
-        child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-        n_kids: dict[int, int] = {}  # children per node (-1: the roots)
-        leaves = 0
+        conf = float(n) / self.ngram_max
         for start in starts:
-            node = -1
-            for tok in seq[start:start + request.depth]:
-                nxt = child.get((node, tok))
-                if nxt is None:
-                    if len(prop.tokens) >= request.nodes:
-                        break
-                    # A root, or a second child, is a new branch: the target holds so many.
-                    if node < 0 or n_kids.get(node, 0):
-                        if leaves >= request.branches:
-                            break
-                        leaves += 1
-                    n_kids[node] = n_kids.get(node, 0) + 1
-                    nxt = child[(node, tok)] = len(prop.tokens)
-                    prop.tokens.append(tok)
-                    prop.parents.append(node)
-                node = nxt
-        prop.confidences = [float(n) / self.ngram_max] * len(prop.tokens)
-        if prop.is_chain:
-            prop.parents = []
+            cont = list(seq[start:start + request.depth])
+            prop.graft(Proposal(source=self.name, tokens=cont, confidences=[conf] * len(cont)),
+                       request.nodes, request.branches)
         return prop
