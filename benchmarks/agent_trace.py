@@ -13,9 +13,14 @@ Each configuration is its own `localspec serve` process on loopback, replayed th
     0.99-1.01x llama-cpp-python's own generation in benchmarks/README.md);
   - `history-off`: the pair's drafting as shipped, with `--history off`;
   - `history-on`: the same with the history drafter on (a fresh, empty index: the server's
-    own, under a temporary LOCALSPEC_HOME).
-Reported: tokens/s per request and over the trace, acceptance per drafter, and whether every
-text is identical to the target alone's.
+    own, under a temporary LOCALSPEC_HOME);
+  - `alone-no-prompt-cache` (not run unless named in --configs): the target alone without
+    saved prompt states (`--prompt-cache 0`), as every run before them measured it.
+Every configuration keeps prompt states as shipped (`--prompt-cache`), the target alone too,
+as llama-server keeps its slots' prompts: speedups are drafting's, over the same server.
+Reported: tokens/s per request and over the trace, the seconds to first token (prefill, the
+same work with or without drafting) and how many prompt tokens came from a cache, acceptance
+per drafter, and whether every text is identical to the target alone's.
 
   .venv/bin/python benchmarks/agent_trace.py --target T.gguf [--draft D.gguf] \
       [--max-tokens 160] [--json out.json]
@@ -167,6 +172,8 @@ CONFIGS: dict[str, list[str]] = {
     "alone": ["--draft-mode", "none", "--history", "off"],
     "history-off": ["--history", "off"],
     "history-on": ["--history", "on"],
+    # The target alone without saved prompt states: what every run before them measured.
+    "alone-no-prompt-cache": ["--draft-mode", "none", "--history", "off", "--prompt-cache", "0"],
 }
 
 
@@ -285,15 +292,30 @@ def summarize(runs: dict[str, list[Result]]) -> dict[str, Any]:
                                                       if not same],
             "acceptance": {k: (v.accepted / v.drafted if v.drafted else None)
                            for k, v in per_drafter.items()},
+            "prefill_seconds": round(sum(_prefill(r) for r in results), 3),
+            "prompt_cached_tokens": sum(int(r.stats.get("prompt_cached_tokens", 0))
+                                        for r in results),
+            "prompt_tokens": sum(int(r.stats.get("prompt_tokens", 0)) for r in results),
             "per_request": [{"name": r.name, "tokens": r.tokens, "seconds": round(r.seconds, 3),
                              "tokens_per_second": round(r.rate, 2),
                              "speedup": round(r.rate / a.rate, 3) if a.rate else None,
+                             "prompt_tokens": r.stats.get("prompt_tokens"),
+                             "prompt_cached_tokens": r.stats.get("prompt_cached_tokens"),
+                             "prefill_seconds": round(_prefill(r), 3),
+                             "drafters": r.stats.get("drafters"),
+                             "tokens_per_target_pass": r.stats.get("tokens_per_target_pass"),
                              # the text, so a run that parts from the target alone can be
                              # diagnosed afterwards (where, and at what margin)
                              "text": r.text}
                             for r, a in zip(results, alone, strict=True)],
         }
     return out
+
+
+def _prefill(r: Result) -> float:
+    """Seconds the request spent on its prompt (to the first token): the same work with or
+    without drafting, so it bounds what drafting can gain end to end."""
+    return float(r.stats.get("ttft_seconds", 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--repack", default="off")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default="alone,history-off,history-on")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     runs: dict[str, list[Result]] = {}
@@ -319,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     summary["target"], summary["draft"] = args.target, args.draft
     for name, c in summary["configs"].items():
         acc = ", ".join(f"{k} {v:.0%}" for k, v in c["acceptance"].items() if v is not None)
-        print(f"{name:12s} {c['tokens_per_second']:6.2f} tok/s  {c['speedup']:.2f}x  "
+        print(f"{name:22s} {c['tokens_per_second']:6.2f} tok/s  {c['speedup']:.2f}x  "
+              f"prefill {c['prefill_seconds']:.1f}s, {c['prompt_cached_tokens']} of "
+              f"{c['prompt_tokens']} prompt tokens cached  "
               f"identical {'yes' if c['identical'] else 'no ' + str(c['differing'])}  {acc}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))

@@ -43,6 +43,7 @@ class Settings:
     draft_gpu_layers: int | None = PARAMS["draft_gpu_layers"].default
     threads: int | None = PARAMS["threads"].default
     repack: str = PARAMS["repack"].default
+    prompt_cache: int = PARAMS["prompt_cache"].default
     draft_mode: str = PARAMS["draft_mode"].default
     k: int | None = PARAMS["k"].default
     k_max: int = PARAMS["k_max"].default
@@ -79,7 +80,8 @@ def model_settings(s: Settings) -> tuple[ModelSettings, ModelSettings]:
 
     def one(layers: int | None) -> ModelSettings:
         return ModelSettings(n_gpu_layers=layers, n_ctx=s.ctx, n_threads=s.threads,
-                             repack=s.repack)  # type: ignore[arg-type]
+                             repack=s.repack,  # type: ignore[arg-type]
+                             prompt_cache_mib=s.prompt_cache)
 
     return one(s.gpu_layers), one(s.draft_gpu_layers)
 

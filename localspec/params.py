@@ -148,6 +148,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     _p("draft_gpu_layers", "k", None, "draft layers offloaded to the GPU: auto (all when it "
        "fits, placed before the target), or a number (-1 all, 0 none)", -1, 1 << 16),
     _p("threads", "int", None, "CPU threads (empty: the physical cores)", 1, 1024, optional=True),
+    _p("prompt_cache", "int", 1024, "MiB of RAM per model for the KV states of earlier "
+       "prompts: a request that resends a long prefix after other requests (a chat's "
+       "history, an agent's file) skips its prefill (0: off)", 0, 1 << 20),
     _p("repack", "choice", "auto", "llama.cpp's repacked CPU kernels for quantized models: "
        "auto (on where this machine's self-test passes), on, off", choices=REPACK_MODES),
     # drafting. draft_mode's choices are the engine's drafter registry's: set_choices below.

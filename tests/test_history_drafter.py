@@ -112,6 +112,24 @@ def test_auto_takes_long_history_drafts_where_the_draft_model_does_not_pay(
     assert accepted / rounds >= 4, by
 
 
+def test_a_copy_runs_past_k_max_where_the_measured_passes_make_it_pay(
+        target_gguf: Path, draft_gguf: Path) -> None:
+    # k_max bounds what the draft model decodes; a copy from the history costs nothing to
+    # draft, so on a flat curve measured to 64 tokens a repeated answer goes in long rounds.
+    flat = Calibration({1: 0.010, 2: 0.0105, 13: 0.012, 16: 0.0125, 32: 0.014, 64: 0.02},
+                       0.005, 0.0)
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    with SpeculativeEngine.load(target_gguf, draft_gguf, ModelSettings(n_ctx=512),
+                                history=store) as eng:
+        eng.use_calibration(flat, learn=False)
+        plain, _ = _ask(eng, PROMPTS[3], mode="none")
+        results = [_ask(eng, PROMPTS[3], mode="model", k=None) for _ in range(3)]
+    assert all(tokens == plain for tokens, _ in results)
+    _, by = results[-1]
+    assert eng.k_max == 12
+    assert by["history"]["accepted"] / by["history"]["rounds"] > eng.k_max, by
+
+
 def test_where_earlier_answers_went_different_ways_the_history_drafts_a_tree(
         target_gguf: Path) -> None:
     """An earlier answer, then a more recent one that left it after 5 tokens: a chain

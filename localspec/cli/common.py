@@ -21,7 +21,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models")
     g.add_argument("--target", metavar="MODEL", help="target model: .gguf path or Ollama name")
     g.add_argument("--draft", metavar="MODEL", help="draft model: .gguf path or Ollama name")
-    for name in ("ctx", "gpu_layers", "draft_gpu_layers", "threads", "repack"):
+    for name in ("ctx", "gpu_layers", "draft_gpu_layers", "threads", "repack", "prompt_cache"):
         add_argument(g, name)
 
 

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,14 +179,19 @@ def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
 
 
 # -- the cache -----------------------------------------------------------------------------------
+def _settings_key(runner: LlamaRunner) -> str:
+    # The RAM kept for saved prompts changes no cost: a new size must not measure again.
+    return repr(replace(runner.settings, prompt_cache_mib=0))
+
+
 def cache_key(target: LlamaRunner, draft: LlamaRunner | None, k_max: int) -> str:
     from ..gguf_meta import file_identity
     from .repack import build_key
 
     parts = [f"v{CALIBRATION_VERSION}", build_key(), file_identity(target.path),
-             repr(target.settings), str(target.repack.use_extra_bufts), str(k_max)]
+             _settings_key(target), str(target.repack.use_extra_bufts), str(k_max)]
     if draft is not None:
-        parts += [file_identity(draft.path), repr(draft.settings),
+        parts += [file_identity(draft.path), _settings_key(draft),
                   str(draft.repack.use_extra_bufts)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 

@@ -448,7 +448,10 @@ def _step_outcomes(probs: Sequence[float], costs: CostModel,
         if n:
             prefix *= keep * probs[n - 1]
             expected += prefix
-        yield n, expected, table[n + 1 if n < widest else widest] + tie_step * expected
+        # Past the chain table (a free draft longer than k_max) the measured wide passes price
+        # it: the table's last width would make every longer draft look free.
+        seconds = table[n + 1] if n < widest else costs.verify(n + 1)
+        yield n, expected, seconds + tie_step * expected
 
 
 def _step_rates(probs: Sequence[float], costs: CostModel,
@@ -491,6 +494,11 @@ class DraftController:
     # Drafting must be predicted to beat plain decoding by this much: the acceptance estimate
     # is noisy, and a wrong "yes" costs a draft pass.
     MARGIN = 1.05
+    # The longest draft a free drafter (prompt lookup, history) may offer. k_max bounds what
+    # the draft model spends decoding; a copy costs nothing to draft, so its length is the
+    # measured cost curve's to decide, within the widest pass measured: an agent resending a
+    # file accepts 30-60 tokens in a row, where a 12-token cap leaves most of the gain.
+    FREE_MAX = 64
 
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
                  acceptance: dict[str, AcceptanceModel] | None = None,
@@ -612,6 +620,13 @@ class DraftController:
         if best_k < len(probs):
             self.model_acc.teach(best_k, probs[best_k])
         return best_k
+
+    def free_cap(self, room: int) -> int:
+        """The most tokens a free drafter may offer this step (see FREE_MAX); a fixed K is
+        exactly K, whoever drafts."""
+        if self.fixed_k is not None:
+            return min(room, self.fixed_k)
+        return min(room, max(self.k_max, min(self.FREE_MAX, self.costs.widest - 1)))
 
     def free_rate(self, prop: Proposal) -> float:
         """Tokens per second expected from verifying the best prefix of a free drafter's

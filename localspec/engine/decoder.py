@@ -191,9 +191,10 @@ class SpeculativeEngine:
         draft = None
         try:
             if draft_path is not None:
-                ds = draft_settings or ModelSettings(n_ctx=target_settings.n_ctx,
-                                                     n_threads=target_settings.n_threads,
-                                                     repack=target_settings.repack)
+                ds = draft_settings or ModelSettings(
+                    n_ctx=target_settings.n_ctx, n_threads=target_settings.n_threads,
+                    repack=target_settings.repack,
+                    prompt_cache_mib=target_settings.prompt_cache_mib)
                 draft = LlamaRunner(draft_path, ds,
                                     branches=min(TREE_BRANCHES, max_branches(ds)))
             return cls(target, draft, k_max=k_max, history=history)
@@ -229,13 +230,22 @@ class SpeculativeEngine:
             self.history = saved
 
     def clear_caches(self) -> None:
-        """Empty both models' KV caches, so the next request decodes its whole prompt in one
-        batch instead of reusing a cached prefix: what a comparison of runs needs, since a
-        prompt's last token decoded alone can round differently from the same token decoded
-        in the prompt's batch."""
-        self.target.reset()
-        if self.draft is not None:
-            self.draft.reset()
+        """Empty both models' KV caches and saved prompt states, so the next request decodes
+        its whole prompt in one batch instead of reusing a cached prefix: what a comparison
+        of runs needs, since a prompt's last token decoded alone can round differently from
+        the same token decoded in the prompt's batch."""
+        for runner in self._runners():
+            runner.reset()
+            runner.prompt_cache.clear()
+
+    def _runners(self) -> tuple[LlamaRunner, ...]:
+        return (self.target,) if self.draft is None else (self.target, self.draft)
+
+    def _remember_prompts(self) -> None:
+        """Keep each model's KV state for a later request that resends this one's prefix
+        after other requests (a chat's history, an agent's file): see ``prompt_cache``."""
+        for runner in self._runners():
+            runner.remember()
 
     def close(self) -> None:
         if self.history is not None:
@@ -418,6 +428,7 @@ class SpeculativeEngine:
         activity.report("processing the prompt", self.target.path)
         logits = self.target.sync(run.seq, 1)
         run.stats.prefill_seconds = time.perf_counter() - t0
+        run.stats.prompt_cached_tokens = self.target.reused
         run.stats.target_passes += 1
         first = self._pick(logits[0], run.seq, run)
         yield from self._emit(run, [first], n_drafted=0)
@@ -484,6 +495,7 @@ class SpeculativeEngine:
                                   - run.calibration_decode_calls)
         if self.history is not None and req.draft.history:
             self.history.record(req.prompt_tokens, run.out)
+        self._remember_prompts()
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 
@@ -640,6 +652,7 @@ class SpeculativeEngine:
         if primary is None or not run.speculate or room <= 0 or run.plain_next:
             return Proposal(source=NO_DRAFT)
         cap = min(room, ds.k if ds.k is not None else controller.k_max)
+        free_cap = controller.free_cap(room)  # a copy may run longer than a model's draft
         ctx = DraftContext(run.seq, self._draft_pick(run), controller.keep_going,
                            history=self.history if ds.history else None)
         tree = self._tree_request(run, controller, room, primary)
@@ -648,15 +661,15 @@ class SpeculativeEngine:
             if not cand.is_chain:
                 controller.trim_tree(cand)
                 return cand
-            cand.truncate(min(cap, controller.trim(cand)))
+            cand.truncate(min(free_cap, controller.trim(cand)))
             return cand
         if not primary.costly:
-            cand = primary.propose(ctx, cap)
+            cand = primary.propose(ctx, free_cap)
             if run.fallbacks:  # companions beside it: the proposal its acceptance rates best
-                cand = self._free_proposal(run, controller, ctx, cap, cand) or cand
+                cand = self._free_proposal(run, controller, ctx, free_cap, cap, cand) or cand
             cand.truncate(controller.trim(cand))
             return cand
-        free = self._free_proposal(run, controller, ctx, cap)
+        free = self._free_proposal(run, controller, ctx, free_cap, cap)
         if free is not None:
             free.truncate(controller.trim(free))
             return free
@@ -754,10 +767,12 @@ class SpeculativeEngine:
 
     @staticmethod
     def _free_proposal(run: _Run, controller: DraftController, ctx: DraftContext,
-                       cap: int, first: Proposal | None = None) -> Proposal | None:
-        """The free drafters' best proposal by its drafter's acceptance: beside a costly
-        drafter, only where that predicts at least the tokens per second expected from it;
-        beside a free draft mode's proposal ``first``, the best of them all. None: none."""
+                       cap: int, model_cap: int,
+                       first: Proposal | None = None) -> Proposal | None:
+        """The free drafters' best proposal (of ``cap`` tokens at most) by its drafter's
+        acceptance: beside a costly drafter, only where that predicts at least the tokens per
+        second expected from it (drafting ``model_cap`` at most); beside a free draft mode's
+        proposal ``first``, the best of them all. None: none."""
         best, best_rate, bar = None, 0.0, None
         if first is not None:
             bar = 0.0
@@ -769,7 +784,7 @@ class SpeculativeEngine:
                 continue
             rate = controller.free_rate(cand)
             if bar is None:
-                bar = controller.expected_model_rate(cap)
+                bar = controller.expected_model_rate(model_cap)
             if rate >= bar and (best is None or rate > best_rate):
                 best, best_rate = cand, rate
         return best

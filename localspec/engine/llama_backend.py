@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import ContextOverflowError, ModelLoadError
 from . import activity
 from .drafters.proposal import check_tree
+from .prompt_cache import MIN_GAIN, PromptCache
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("localspec.llama_cpp")
@@ -133,6 +134,8 @@ class ModelSettings:
     n_batch: int = 512
     flash_attn: bool = False
     repack: RepackMode = "auto"
+    # RAM for KV states of earlier prompts (localspec.engine.prompt_cache); 0: none kept.
+    prompt_cache_mib: int = 1024
 
 
 def default_threads() -> int:
@@ -222,6 +225,8 @@ class LlamaRunner:
         # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
         self.decode_seconds = 0.0
         self.decode_calls = 0
+        self.prompt_cache = PromptCache(settings.prompt_cache_mib << 20)
+        self.reused = 0  # tokens the last sync kept from the cache (held or restored)
         lib.llama_memory_clear(self._mem, True)
 
     def _load_model(self, settings: ModelSettings, extra_bufts: bool) -> Any:
@@ -438,12 +443,60 @@ class LlamaRunner:
     def sync(self, seq: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Make the KV cache hold exactly ``seq`` and return logits of its last ``n_logits``.
 
-        Reuses the longest common prefix already in the cache; at least ``n_logits`` tokens are
-        always decoded again because llama.cpp only keeps logits of the last batch.
+        Reuses the longest common prefix already in the cache, or a saved state's (see
+        ``remember``) where that is longer by enough to pay for the copy; at least
+        ``n_logits`` tokens are always decoded again because llama.cpp only keeps logits of
+        the last batch.
         """
-        keep = min(self.common_prefix(seq), len(seq) - n_logits)
+        keep = self.common_prefix(seq)
+        if len(seq) - keep >= MIN_GAIN and len(self.prompt_cache):
+            keep = self._restore(seq, keep)
+        keep = min(keep, len(seq) - n_logits)
         self.truncate(keep)
+        self.reused = keep
         return self.decode(seq[keep:], n_logits)
+
+    # -- saved prompt states ----------------------------------------------------------------------
+    def remember(self) -> bool:
+        """Save the KV state of the tokens held now, for a later request that shares a long
+        prefix with them after other requests have used the cache. False: not kept (too
+        short, already covered, over the budget, or llama.cpp gave no state)."""
+        cache = self.prompt_cache
+        if self._tree is not None:
+            self.keep_branch([])
+        if not cache.wants(self.tokens, 0):
+            return False
+        lib = self._lib
+        size = int(lib.llama_state_seq_get_size(self._ctx, 0))
+        if size <= 0 or not cache.wants(self.tokens, size):
+            return False
+        buf = (ctypes.c_uint8 * size)()
+        written = int(lib.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        if written <= 0:
+            return False
+        return cache.add(self.tokens, buf, written)
+
+    def _restore(self, seq: Sequence[int], held: int) -> int:
+        """Load the saved state sharing the longest prefix with ``seq`` if it beats the
+        ``held`` tokens the cache shares now; return the tokens shared afterwards."""
+        entry = self.prompt_cache.best(seq, held)
+        if entry is None:
+            return held
+        if self._tree is not None:
+            self.keep_branch([])
+        lib = self._lib
+        lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        self.tokens.clear()
+        src = ctypes.cast(entry.data, ctypes.POINTER(ctypes.c_uint8))  # type: ignore[arg-type]
+        if int(lib.llama_state_seq_set_data(self._ctx, src, entry.nbytes, 0)) == 0:
+            # No room for its cells (llama.cpp logged why): prefill as if nothing were saved.
+            log.warning("could not restore a saved prompt state of %d tokens", len(entry.tokens))
+            lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            return 0
+        self.tokens.extend(entry.tokens.tolist())
+        shared = self.common_prefix(seq)
+        self.prompt_cache.used(shared - held)
+        return shared
 
     # -- token trees ----------------------------------------------------------------------------
     def decode_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:

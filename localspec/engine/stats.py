@@ -25,6 +25,9 @@ class GenerationStats:
     """Counters and timers of one request; derived rates are properties."""
 
     prompt_tokens: int = 0
+    # Prompt tokens whose KV came from a cache (the last request's, or a saved state's)
+    # instead of being prefilled.
+    prompt_cached_tokens: int = 0
     completion_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -140,6 +143,7 @@ class GenerationStats:
     def to_json(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "prompt_cached_tokens": self.prompt_cached_tokens,
             "completion_tokens": self.completion_tokens,
             "drafted": self.drafted,
             "accepted": self.accepted,
@@ -179,7 +183,8 @@ class GenerationStats:
     def from_json(cls, data: dict[str, Any]) -> GenerationStats:
         """Back from ``to_json`` (statistics that crossed a process boundary); derived rates
         are recomputed, unknown keys ignored, missing ones zero."""
-        counters = {f: data[f] for f in ("prompt_tokens", "completion_tokens", "drafted",
+        counters = {f: data[f] for f in ("prompt_tokens", "prompt_cached_tokens",
+                                         "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
                                          "decode_calls", "tree_rounds", "draft_model_tokens",
                                          "merged_rounds")

@@ -1,0 +1,141 @@
+"""Saved prompt states: a request that resends an earlier request's prefix after other requests
+restores that state instead of prefilling it, on F32, Q8_0 and Q4_K_M, with the logits and the
+text a fresh prefill gives; the policy (which state, how many bytes) on known sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec.engine import GenerationRequest, ModelSettings, SpeculativeEngine
+from localspec.engine.llama_backend import LlamaRunner
+from localspec.engine.prompt_cache import MIN_GAIN, MIN_TOKENS, PromptCache, common_prefix
+
+# As in test_token_tree: batch shapes may round float32 differently (1e-5 here); a wrong
+# state (other tokens, other positions) moves logits by whole units.
+TOL = 1e-3
+
+
+def _seq(seed: int, n: int, vocab: int = 50) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(3, vocab, size=n)]
+
+
+# -- the policy ---------------------------------------------------------------------------------
+def test_common_prefix_counts_the_shared_head() -> None:
+    a = np.array([1, 2, 3, 4], dtype=np.int32)
+    assert common_prefix(a, np.array([1, 2, 9], dtype=np.int32)) == 2
+    assert common_prefix(a, np.array([1, 2, 3, 4, 5], dtype=np.int32)) == 4
+    assert common_prefix(a, np.array([7], dtype=np.int32)) == 0
+    assert common_prefix(a, np.array([], dtype=np.int32)) == 0
+
+
+def test_best_is_the_longest_shared_prefix_and_only_where_it_saves_enough() -> None:
+    cache = PromptCache(1 << 20)
+    a, b = _seq(1, 200), _seq(2, 200)
+    assert cache.add(a, "A", 100) and cache.add(b, "B", 100)
+    entry = cache.best(a[:150] + [1, 2, 3], held=0)
+    assert entry is not None and entry.data == "A"
+    assert cache.best(b + [5] * 10, held=0).data == "B"  # type: ignore[union-attr]
+    # The KV cache already shares 130 tokens: a state sharing 150 saves too few.
+    assert cache.best(a[:150] + [1], held=150 - MIN_GAIN + 1) is None
+    assert cache.best(a[:150] + [1], held=150 - MIN_GAIN) is not None
+    assert cache.best(_seq(3, 200), held=0) is None  # nothing shared
+    assert cache.hits == 0  # only a restore counts (``used``)
+
+
+def test_a_state_that_extends_another_replaces_it_and_one_covered_is_not_kept() -> None:
+    cache = PromptCache(1 << 20)
+    a = _seq(4, 100)
+    assert cache.add(a, "short", 10)
+    assert cache.add(a + _seq(5, 50), "long", 15)
+    assert len(cache) == 1 and cache.nbytes == 15
+    assert not cache.add(a[:80], "covered", 5)  # the kept state holds it already
+    assert not cache.add(_seq(6, MIN_TOKENS - 1), "too short", 5)
+    assert len(cache) == 1
+
+
+def test_the_byte_budget_drops_the_least_recently_used() -> None:
+    cache = PromptCache(250)
+    a, b, c = _seq(7, 100), _seq(8, 100), _seq(9, 100)
+    cache.add(a, "A", 100)
+    cache.add(b, "B", 100)
+    assert cache.best(a, held=0) is not None  # A used: B is now the oldest
+    cache.add(c, "C", 100)
+    assert cache.nbytes <= 250
+    assert cache.best(b, held=0) is None
+    assert cache.best(a, held=0) is not None and cache.best(c, held=0) is not None
+    assert not cache.add(_seq(10, 100), "too big", 251)
+    assert not PromptCache(0).add(a, "off", 1)
+
+
+# -- the runner, on real llama.cpp ----------------------------------------------------------------
+@pytest.fixture
+def runners(pair: tuple[Path, Path]) -> Iterator[tuple[LlamaRunner, LlamaRunner]]:
+    """A runner that keeps states (room for tree branches, as the engine's) and a fresh one."""
+    settings = ModelSettings(n_ctx=512)
+    with LlamaRunner(pair[0], settings, branches=4) as kept, LlamaRunner(
+            pair[0], ModelSettings(n_ctx=512, prompt_cache_mib=0)) as fresh:
+        yield kept, fresh
+
+
+def test_a_prefix_resent_after_another_request_is_restored_not_prefilled(
+        runners: tuple[LlamaRunner, LlamaRunner]) -> None:
+    kept, fresh = runners
+    vocab = min(kept.n_vocab, 50)
+    a, b = _seq(11, 150, vocab), _seq(12, 120, vocab)
+    kept.sync(a)
+    kept.decode(_seq(13, 5, vocab))  # an answer after the prompt, as a request leaves it
+    assert kept.remember()
+    kept.sync(b)  # another request: the cache now holds b alone
+    assert kept.remember()
+    calls = kept.decode_calls
+    resent = a + _seq(14, 10, vocab)
+    logits = kept.sync(resent, 3).copy()
+    assert kept.reused == len(a)  # a's state came back; only the 10 new tokens were decoded
+    assert kept.decode_calls == calls + 1 and kept.prompt_cache.hits == 1
+    assert kept.tokens == resent
+    expected = fresh.sync(resent, 3)
+    assert np.abs(logits - expected).max() < TOL
+    # The cache holds exactly the restored sequence: decoding on agrees with a fresh prefill.
+    more = _seq(15, 4, vocab)
+    assert np.abs(kept.decode(more, 4) - fresh.decode(more, 4)).max() < TOL
+
+
+def test_states_are_kept_only_where_the_budget_allows(pair: tuple[Path, Path]) -> None:
+    with LlamaRunner(pair[0], ModelSettings(n_ctx=512, prompt_cache_mib=0)) as off:
+        off.sync(_seq(16, 150, min(off.n_vocab, 50)))
+        assert not off.remember() and len(off.prompt_cache) == 0
+
+
+# -- the engine ---------------------------------------------------------------------------------
+def _request(tokens: list[int]) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=24)
+
+
+@pytest.mark.parametrize("precision", ["f32", "q4_k_m"])
+def test_interleaved_requests_give_the_same_text_with_and_without_saved_states(
+        quantized_pairs: dict[str, tuple[Path, Path]], precision: str) -> None:
+    """Chat-like: a long first request, an unrelated one, then the first again with its answer
+    and a follow-up. The third restores the first's state (both models) and writes what an
+    engine that prefills everything writes."""
+    target, draft = quantized_pairs[precision]
+    texts = {}
+    for mib in (1024, 0):
+        with SpeculativeEngine.load(target, draft, ModelSettings(n_ctx=1024,
+                                                                 prompt_cache_mib=mib)) as eng:
+            vocab = min(eng.target.n_vocab, 50)
+            first = _seq(21, 160, vocab)
+            one = eng.generate(_request(first))
+            eng.generate(_request(_seq(22, 100, vocab)))
+            again = eng.generate(_request(first + list(one.tokens) + _seq(23, 8, vocab)))
+            texts[mib] = (one.tokens, again.tokens)
+            if mib:
+                assert again.stats.prompt_cached_tokens >= len(first)
+                assert eng.target.prompt_cache.hits == 1
+            else:
+                assert again.stats.prompt_cached_tokens < MIN_GAIN
+    assert texts[1024] == texts[0]
