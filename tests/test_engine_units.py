@@ -120,6 +120,17 @@ def test_lookup_proposes_the_continuation_of_the_latest_match() -> None:
     assert d.propose(longer, 3).tokens == PromptLookupDrafter(3, 2).propose(longer, 3).tokens
 
 
+def test_lookups_confidence_grows_with_how_long_the_copy_has_matched() -> None:
+    """A copy that has matched 30 tokens (an edit rewriting its input) is far likelier to go on
+    than a bare n-gram: the confidence the acceptance bins price it by says so."""
+    d = PromptLookupDrafter()
+    text = list(range(100, 140))
+    short = d.propose(DraftContext([*text, 7, 8, *text[20:24]]), 4)
+    long = PromptLookupDrafter().propose(DraftContext([*text, 7, 8, *text[:30]]), 4)
+    assert short.tokens == text[24:28] and long.tokens == text[30:34]
+    assert short.confidences[0] <= 0.3 < 0.9 < long.confidences[0] < 1.0
+
+
 def _controller(t1: float, per_extra: float, draft: float, k_max: int = 8) -> DraftController:
     costs = CostModel.from_calibration(t1, t1 + per_extra * k_max, k_max + 1, k_max, draft)
     return DraftController(costs, k_max)

@@ -161,6 +161,35 @@ def test_where_earlier_answers_went_different_ways_the_history_drafts_a_tree(
     assert tree.drafters["history"].accepted > chain.drafters["history"].accepted
 
 
+def test_beside_the_draft_model_the_historys_winning_draft_is_a_tree_too(
+        target_gguf: Path, random_draft_gguf: Path) -> None:
+    """As above under auto with a draft model that is rarely right (a random one, its token
+    priced dear): the history's draft wins the step, and where the earlier answers parted it
+    goes to the target as a tree of both ways, not as the most recent one's chain."""
+    flat = Calibration({1: 0.010, **{n: 0.010 + 0.00005 * n for n in range(2, 14)},
+                        16: 0.0109, 32: 0.0115, 64: 0.0125, 128: 0.014}, 0.008, 0.0)
+    store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
+    with SpeculativeEngine.load(target_gguf, random_draft_gguf, ModelSettings(n_ctx=512),
+                                history=store) as eng:
+        eng.use_calibration(flat, learn=False)
+        prompt = eng.tokenize(PROMPTS[3], chat=False)
+        plain, _ = _ask(eng, PROMPTS[3], mode="none")
+        store.record(prompt, [*plain[:5], *(t + 1 for t in plain[5:])])
+        done = {}
+        for tree in (False, True):
+            eng.clear_caches()
+            req = GenerationRequest(prompt_tokens=prompt, max_tokens=8,
+                                    draft=DraftSettings(mode="model", tree=tree))
+            with eng.separate_learning():
+                done[tree] = eng.generate(req)
+    for res in done.values():
+        assert res.tokens == plain[:8]
+    chain, tree = done[False].stats, done[True].stats
+    assert tree.tree_rounds > 0 and tree.drafters["history"].rounds > 0
+    assert "model" not in tree.drafters  # the history's tree, not the model's with grafts
+    assert tree.drafters["history"].accepted > chain.drafters["history"].accepted
+
+
 def test_off_in_the_request_neither_drafts_nor_records(target_gguf: Path) -> None:
     store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
     with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512),

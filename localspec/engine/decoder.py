@@ -671,8 +671,7 @@ class SpeculativeEngine:
             return cand
         free = self._free_proposal(run, controller, ctx, free_cap, cap)
         if free is not None:
-            free.truncate(controller.trim(free))
-            return free
+            return self._free_tree(run, controller, ctx, room, free)
         if tree is not None:
             prop = primary.propose_tree(ctx, tree)
             self._observe_drafting(run, prop)
@@ -688,6 +687,21 @@ class SpeculativeEngine:
         self._observe_drafting(run, prop)
         prop.truncate(controller.trim(prop))
         return prop
+
+    def _free_tree(self, run: _Run, controller: DraftController, ctx: DraftContext,
+                   room: int, chain: Proposal) -> Proposal:
+        """A free drafter's winning chain, or its tree where the planner finds one worth it
+        for that drafter (the history's earlier answers that went different ways, prompt
+        lookup's several matches): the same choice a free draft mode makes, beside a model."""
+        drafter = run.by_name[chain.source]
+        tree = self._tree_request(run, controller, room, drafter)
+        if tree is not None:
+            cand = drafter.propose_tree(ctx, tree)
+            if not cand.is_chain:
+                controller.trim_tree(cand)
+                return cand
+        chain.truncate(controller.trim(chain))
+        return chain
 
     def _graft_companions(self, run: _Run, ctx: DraftContext, tree: TreeRequest,
                           prop: Proposal) -> None:

@@ -210,7 +210,10 @@ class GenerationStats:
         return (
             f"{self.completion_tokens} tokens in {self.total_seconds:.2f}s "
             f"({self.tokens_per_second:.1f} tok/s, decode {self.decode_tokens_per_second:.1f}), "
-            f"TTFT {self.ttft_seconds * 1000:.0f} ms, drafted {self.drafted}, accepted "
+            f"TTFT {self.ttft_seconds * 1000:.0f} ms"
+            + (f" ({self.prompt_cached_tokens} of {self.prompt_tokens} prompt tokens cached)"
+               if self.prompt_cached_tokens else "")
+            + f", drafted {self.drafted}, accepted "
             f"{self.accepted} ({self.acceptance_rate:.0%}), mean accepted length "
             f"{self.mean_accepted_length:.2f}, mean K {self.mean_k:.2f}, "
             f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s / "

@@ -22,6 +22,13 @@ class PromptLookupDrafter(Drafter):
     prior_rate = 0.5
     # Recent occurrences of an n-gram kept: the continuations a tree may offer.
     CONTINUATIONS = 4
+    # A match is measured back this far past its n-gram: a 4-gram says little, 40 tokens
+    # copied in a row (an edit rewriting its input) say the copy goes on.
+    LOOKBACK = 64
+    # Matched tokens that halve the doubt in a match (8: 50%, 16: 75%, 32: 94%): the
+    # confidence the acceptance model's bins start from, then learn from.
+    MATCH_HALF = 8.0
+    calibrated = True
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2) -> None:
         self.ngram_max = ngram_max
@@ -67,14 +74,23 @@ class PromptLookupDrafter(Drafter):
                 return n, ends[::-1]
         return 0, []
 
+    def _confidence(self, seq: Sequence[int], start: int, n: int) -> float:
+        """How far the text before ``start`` matches the end of ``seq`` (at least the n-gram
+        found, at most LOOKBACK), as a confidence that the copy goes on."""
+        length = n
+        while (length < self.LOOKBACK and start - length - 1 >= 0
+               and seq[start - length - 1] == seq[-length - 1]):
+            length += 1
+        return 1.0 - 0.5 ** (length / self.MATCH_HALF)
+
     def propose(self, ctx: DraftContext, budget: int) -> Proposal:
         seq = ctx.seq
         n, starts = self._matches(seq) if budget > 0 else (0, [])
         if not starts:
             return Proposal(source=self.name)
         cont = list(seq[starts[0]:starts[0] + budget])
-        return Proposal(source=self.name, tokens=cont,
-                        confidences=[float(n) / self.ngram_max] * len(cont))
+        conf = self._confidence(seq, starts[0], n)
+        return Proposal(source=self.name, tokens=cont, confidences=[conf] * len(cont))
 
     def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
         """The continuations of the suffix's recent occurrences as the branches of one tree,
@@ -82,9 +98,9 @@ class PromptLookupDrafter(Drafter):
         seq = ctx.seq
         n, starts = self._matches(seq) if request.nodes > 0 else (0, [])
         prop = Proposal(source=self.name)
-        conf = float(n) / self.ngram_max
         for start in starts:
             cont = list(seq[start:start + request.depth])
+            conf = self._confidence(seq, start, n)
             prop.graft(Proposal(source=self.name, tokens=cont, confidences=[conf] * len(cont)),
                        request.nodes, request.branches)
         return prop
