@@ -16,6 +16,9 @@ Each configuration is its own `localspec serve` process on loopback, replayed th
     own, under a temporary LOCALSPEC_HOME);
   - `alone-no-prompt-cache` (not run unless named in --configs): the target alone without
     saved prompt states (`--prompt-cache 0`), as every run before them measured it.
+Each server first answers one untimed request ("Say OK."): a user's first request on a
+machine also measures its costs (calibration), once, cached for every later start, which a
+fresh LOCALSPEC_HOME would charge to the trace (`--no-warmup` keeps it in).
 Every configuration keeps prompt states as shipped (`--prompt-cache`), the target alone too,
 as llama-server keeps its slots' prompts: speedups are drafting's, over the same server.
 Reported: tokens/s per request and over the trace, the seconds to first token (prefill, the
