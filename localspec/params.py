@@ -160,7 +160,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
        choices=("none",)),
     _p("k", "k", None, "tokens drafted per step: auto, or a fixed K like llama.cpp's --draft",
        0, MAX_K, flag="--draft-k"),
-    _p("k_max", "int", 12, "the longest draft auto may choose", 1, MAX_K),
+    _p("k_max", "int", 12, "the longest draft model chain auto may choose (a copy from the "
+       "prompt or the history may run to the widest pass measured, 64 at most)", 1, MAX_K),
     _p("accept_rule", "choice", "auto", "sampling only: coupled (Gumbel-max, reproducible with "
        "a seed whatever is drafted), rejection (min(1, p/q)), match (sample and compare); auto: "
        "coupled", choices=ACCEPT_RULES),

@@ -87,16 +87,20 @@ def test_a_prefix_resent_after_another_request_is_restored_not_prefilled(
     kept, fresh = runners
     vocab = min(kept.n_vocab, 50)
     a, b = _seq(11, 150, vocab), _seq(12, 120, vocab)
+    assert kept.switch_to(a) == 0
     kept.sync(a)
     kept.decode(_seq(13, 5, vocab))  # an answer after the prompt, as a request leaves it
-    assert kept.remember()
-    kept.sync(b)  # another request: the cache now holds b alone
-    assert kept.remember()
+    assert len(kept.prompt_cache) == 0  # nothing copied while nothing is dropped
+    kept.switch_to(b)  # another request: a's state is kept before b replaces it
+    kept.sync(b)
+    assert len(kept.prompt_cache) == 1
     calls = kept.decode_calls
     resent = a + _seq(14, 10, vocab)
+    assert kept.switch_to(resent) == len(a)  # b's kept, a's restored
+    assert len(kept.prompt_cache) == 2 and kept.prompt_cache.hits == 1
     logits = kept.sync(resent, 3).copy()
-    assert kept.reused == len(a)  # a's state came back; only the 10 new tokens were decoded
-    assert kept.decode_calls == calls + 1 and kept.prompt_cache.hits == 1
+    assert kept.reused == len(a)  # only the 10 new tokens were decoded, in one call
+    assert kept.decode_calls == calls + 1
     assert kept.tokens == resent
     expected = fresh.sync(resent, 3)
     assert np.abs(logits - expected).max() < TOL
@@ -107,8 +111,20 @@ def test_a_prefix_resent_after_another_request_is_restored_not_prefilled(
 
 def test_states_are_kept_only_where_the_budget_allows(pair: tuple[Path, Path]) -> None:
     with LlamaRunner(pair[0], ModelSettings(n_ctx=512, prompt_cache_mib=0)) as off:
-        off.sync(_seq(16, 150, min(off.n_vocab, 50)))
-        assert not off.remember() and len(off.prompt_cache) == 0
+        vocab = min(off.n_vocab, 50)
+        off.sync(_seq(16, 150, vocab))
+        assert off.switch_to(_seq(17, 150, vocab)) == 0
+        assert len(off.prompt_cache) == 0
+
+
+def test_a_chats_next_turn_copies_nothing(pair: tuple[Path, Path]) -> None:
+    """A prompt that extends what the cache holds drops nothing: no state is saved."""
+    with LlamaRunner(pair[0], ModelSettings(n_ctx=512)) as runner:
+        vocab = min(runner.n_vocab, 50)
+        turn = _seq(18, 150, vocab)
+        runner.sync(turn)
+        assert runner.switch_to(turn + _seq(19, 40, vocab)) == len(turn)
+        assert len(runner.prompt_cache) == 0
 
 
 # -- the engine ---------------------------------------------------------------------------------

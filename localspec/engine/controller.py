@@ -143,7 +143,8 @@ class CostModel:
                 self.catch_up_token + self.smoothing * (per - self.catch_up_token))
 
 
-MAX_DEPTH = 33  # drafts are at most 32 tokens
+MAX_DEPTH = 33  # depths learned apart: a model's drafts are at most 32 tokens (a free
+# drafter's copy may run longer: its deeper tokens share the last depth's estimate)
 
 
 class AcceptanceModel:

@@ -241,11 +241,12 @@ class SpeculativeEngine:
     def _runners(self) -> tuple[LlamaRunner, ...]:
         return (self.target,) if self.draft is None else (self.target, self.draft)
 
-    def _remember_prompts(self) -> None:
-        """Keep each model's KV state for a later request that resends this one's prefix
-        after other requests (a chat's history, an agent's file): see ``prompt_cache``."""
+    def _switch_prompts(self, seq: Sequence[int]) -> None:
+        """Each model's cache before a new prompt: the state it holds kept for a later request
+        that comes back to it, an earlier one restored where it shares more of this prompt (a
+        chat's history after an agent's tool call): see ``prompt_cache``."""
         for runner in self._runners():
-            runner.remember()
+            runner.switch_to(seq)
 
     def close(self) -> None:
         if self.history is not None:
@@ -426,6 +427,7 @@ class SpeculativeEngine:
 
         t0 = time.perf_counter()
         activity.report("processing the prompt", self.target.path)
+        self._switch_prompts(run.seq)
         logits = self.target.sync(run.seq, 1)
         run.stats.prefill_seconds = time.perf_counter() - t0
         run.stats.prompt_cached_tokens = self.target.reused
@@ -495,7 +497,6 @@ class SpeculativeEngine:
                                   - run.calibration_decode_calls)
         if self.history is not None and req.draft.history:
             self.history.record(req.prompt_tokens, run.out)
-        self._remember_prompts()
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 

@@ -225,9 +225,18 @@ class LlamaRunner:
         # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
         self.decode_seconds = 0.0
         self.decode_calls = 0
-        self.prompt_cache = PromptCache(settings.prompt_cache_mib << 20)
+        self.prompt_cache = PromptCache(settings.prompt_cache_mib << 20
+                                        if self._states_restorable() else 0)
         self.reused = 0  # tokens the last sync kept from the cache (held or restored)
         lib.llama_memory_clear(self._mem, True)
+
+    def _states_restorable(self) -> bool:
+        """Whether a saved state cut back to a shorter prefix is still that prefix's: not with
+        a sliding window (the cells before it are gone) or a recurrent state (it cannot be
+        cut), so such models keep no saved states."""
+        lib, model = self._lib, self._model
+        return not (int(lib.llama_model_n_swa(model)) > 0 or lib.llama_model_is_recurrent(model)
+                    or lib.llama_model_is_hybrid(model))
 
     def _load_model(self, settings: ModelSettings, extra_bufts: bool) -> Any:
         lib = self._lib
@@ -443,24 +452,36 @@ class LlamaRunner:
     def sync(self, seq: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Make the KV cache hold exactly ``seq`` and return logits of its last ``n_logits``.
 
-        Reuses the longest common prefix already in the cache, or a saved state's (see
-        ``remember``) where that is longer by enough to pay for the copy; at least
-        ``n_logits`` tokens are always decoded again because llama.cpp only keeps logits of
-        the last batch.
+        Reuses the longest common prefix already in the cache; at least ``n_logits`` tokens are
+        always decoded again because llama.cpp only keeps logits of the last batch. (Saved
+        states of earlier prompts come back only through ``switch_to``, at a request's start:
+        within a request a restore would only cost a copy.)
         """
-        keep = self.common_prefix(seq)
-        if len(seq) - keep >= MIN_GAIN and len(self.prompt_cache):
-            keep = self._restore(seq, keep)
-        keep = min(keep, len(seq) - n_logits)
+        keep = min(self.common_prefix(seq), len(seq) - n_logits)
         self.truncate(keep)
         self.reused = keep
         return self.decode(seq[keep:], n_logits)
 
     # -- saved prompt states ----------------------------------------------------------------------
-    def remember(self) -> bool:
-        """Save the KV state of the tokens held now, for a later request that shares a long
-        prefix with them after other requests have used the cache. False: not kept (too
-        short, already covered, over the budget, or llama.cpp gave no state)."""
+    def switch_to(self, seq: Sequence[int]) -> int:
+        """A new request's prompt ``seq`` is about to be synced: keep what the cache holds if
+        the prompt would drop much of it (a later request may come back to it), and restore
+        the saved state sharing the longest prefix with ``seq`` where it beats what the cache
+        shares. Returns the tokens of ``seq`` the cache holds afterwards. A request that only
+        extends the last one (a chat's next turn) copies nothing."""
+        held = self.common_prefix(seq)
+        cache = self.prompt_cache
+        if cache.max_bytes <= 0:
+            return held
+        if len(self.tokens) - held >= MIN_GAIN:
+            self._save()
+        if len(seq) - held >= MIN_GAIN and len(cache):
+            held = self._restore(seq, held)
+        return held
+
+    def _save(self) -> bool:
+        """Save the KV state of the tokens held now. False: not kept (too short, already
+        covered, over the budget, or llama.cpp gave no state)."""
         cache = self.prompt_cache
         if self._tree is not None:
             self.keep_branch([])
@@ -471,10 +492,9 @@ class LlamaRunner:
         if size <= 0 or not cache.wants(self.tokens, size):
             return False
         buf = (ctypes.c_uint8 * size)()
-        written = int(lib.llama_state_seq_get_data(self._ctx, buf, size, 0))
-        if written <= 0:
+        if int(lib.llama_state_seq_get_data(self._ctx, buf, size, 0)) <= 0:
             return False
-        return cache.add(self.tokens, buf, written)
+        return cache.add(self.tokens, buf, size)
 
     def _restore(self, seq: Sequence[int], held: int) -> int:
         """Load the saved state sharing the longest prefix with ``seq`` if it beats the
@@ -485,13 +505,14 @@ class LlamaRunner:
         if self._tree is not None:
             self.keep_branch([])
         lib = self._lib
-        lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        lib.llama_memory_seq_rm(self._mem, 0, -1, -1)  # set_data wants the sequence empty
         self.tokens.clear()
-        src = ctypes.cast(entry.data, ctypes.POINTER(ctypes.c_uint8))  # type: ignore[arg-type]
-        if int(lib.llama_state_seq_set_data(self._ctx, src, entry.nbytes, 0)) == 0:
-            # No room for its cells (llama.cpp logged why): prefill as if nothing were saved.
+        if int(lib.llama_state_seq_set_data(self._ctx, entry.data, entry.nbytes, 0)) == 0:
+            # No room for its cells (llama.cpp logged why): prefill as if nothing were saved,
+            # and never try that state again.
             log.warning("could not restore a saved prompt state of %d tokens", len(entry.tokens))
             lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            self.prompt_cache.discard(entry)
             return 0
         self.tokens.extend(entry.tokens.tolist())
         shared = self.common_prefix(seq)

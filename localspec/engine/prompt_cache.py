@@ -8,9 +8,11 @@ target on 2 cores, against ~13 s for 160 answer tokens). llama-server keeps such
 slot and in RAM (``--cache-ram``); this is the same for localspec's one sequence.
 
 This module is the policy alone (which state to keep, which to restore); ``LlamaRunner``
-copies the states in and out of llama.cpp. Entries are bounded in bytes, the least recently
-used dropped first; a state whose tokens extend another's replaces it (the longer one serves
-every prompt the shorter did).
+copies the states in and out of llama.cpp, at a request's start only: the state the cache
+holds is saved when the new prompt would drop much of it (as llama-server saves a slot it
+reuses), so a chat's next turn, which extends the last one, copies nothing. Entries are
+bounded in bytes, the least recently used dropped first; a state whose tokens extend
+another's replaces it (the longer one serves every prompt the shorter did).
 """
 
 from __future__ import annotations
@@ -109,6 +111,12 @@ class PromptCache:
         """A restored state spared ``gain`` prefill tokens (for the statistics)."""
         self.hits += 1
         self.tokens_saved += gain
+
+    def discard(self, entry: Entry) -> None:
+        """Forget a state llama.cpp could not take back."""
+        for key, e in list(self._entries.items()):
+            if e is entry:
+                del self._entries[key]
 
     def clear(self) -> None:
         self._entries.clear()
