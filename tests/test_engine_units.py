@@ -356,6 +356,21 @@ def test_near_tie_rate_is_learned_and_carried() -> None:
     assert ties.rate > 0.05  # the next request starts from what this one saw
 
 
+def test_plain_steps_count_toward_the_near_tie_rate() -> None:
+    """A near-tie is a property of the target's text: the positions auto decodes plainly
+    count too. Else a rate one tie raised stays up while auto decodes plainly, and prices
+    every later copy as if ties cut it short."""
+    ctl = DraftController(CostModel.from_calibration(0.06, 0.42, 16, 12, 0.03), 12)
+    ctl.ties.rate = 0.3
+    ctl.observe_plain_step(tied=None)  # not measured (the position a tie left): no news
+    assert ctl.ties.rate == 0.3
+    for _ in range(30):
+        ctl.observe_plain_step(tied=False)
+    assert ctl.ties.rate < 0.02
+    ctl.observe_plain_step(tied=True)
+    assert ctl.ties.rate > 0.09
+
+
 def test_top_k_ids_finds_the_k_largest_without_a_full_partition() -> None:
     """The column-maxima search returns exactly the top-k values on peaked, ordinary, flat and
     tied logits, when the top tokens crowd into one column of its grid, and when the best

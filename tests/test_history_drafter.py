@@ -130,6 +130,27 @@ def test_a_copy_runs_past_k_max_where_the_measured_passes_make_it_pay(
     assert by["history"]["accepted"] / by["history"]["rounds"] > eng.k_max, by
 
 
+def test_plain_steps_bring_a_carried_near_tie_rate_back_down(
+        quantized_pairs: dict[str, tuple[Path, Path]]) -> None:
+    # On a quantized target (tie margin 0.2 logits) a near-tie rate carried high from earlier
+    # requests makes auto decode plainly; the plain steps' own margins must bring it down, or
+    # no copy is priced as worth it again (a rename on Q4_K_M decoded plainly for 90 tokens
+    # of a file it copied).
+    target, draft = quantized_pairs["q4_k_m"]
+    bound = Calibration({1: 0.010, 2: 0.014, 13: 0.058}, 0.005, 0.0)
+    store = HistoryStore.in_memory(history.vocabulary_id(target))
+    with SpeculativeEngine.load(target, draft, ModelSettings(n_ctx=512), history=store) as eng:
+        eng.use_calibration(bound, learn=False)
+        assert eng.tie_margin > 0
+        ties = eng._learned[True].ties
+        ties.prior = 0.6  # as if every position lately had been a near-tie
+        _ask(eng, PROMPTS[3], mode="model", k=None)
+        # Left alone, the rate would stay at 0.6 (auto decoding plainly never meets a tie);
+        # this text's own rate is near 0.13.
+        assert ties.rate < 0.3
+        assert ties.prior < 0.5  # and the next request starts from it
+
+
 def test_where_earlier_answers_went_different_ways_the_history_drafts_a_tree(
         target_gguf: Path) -> None:
     """An earlier answer, then a more recent one that left it after 5 tokens: a chain

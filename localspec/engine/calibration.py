@@ -44,17 +44,22 @@ log = logging.getLogger(__name__)
 
 # 5: target passes wider than a chain (WIDE_WIDTHS) are measured too, for token trees.
 # 6: each chain width is the median of NARROW_ROUNDS timings.
-CALIBRATION_VERSION = 6
+# 7: wide widths are measured while their tokens get cheaper (WIDE_GAIN), not to 6 passes.
+CALIBRATION_VERSION = 7
 # Rounds over the chain widths, each width's median kept. Timed once, a width came out 10-20%
 # off on these 2-core machines (a 5-token F16 pass at 1.66 one-token passes in one
 # measurement, 1.40 in the next, same machine): enough to flip auto's first decision to plain
 # decoding, where it then stayed for a whole request (benchmarks/README.md, 2026-12-02 A/B).
 NARROW_ROUNDS = 3
-# Token trees' widths: a handful up to 256 nodes, each timed once. Measuring stops at the first
-# that costs more than WIDE_STOP one-token passes: no tree there can pay (a step would have to
-# yield that many tokens), and on a CPU where the curve climbs steeply that is the first one.
+# Token trees' and long copies' widths: a handful up to 256 nodes, each timed once. Measuring
+# stops at the first width whose tokens are not at least WIDE_GAIN cheaper each than the width
+# before's: two narrower passes then verify as many tokens for about as little, and a wide pass
+# of a large model on a CPU takes seconds to time. (It stopped at the first width over 6
+# one-token passes, taken as one no draft could repay; but a copy accepted whole yields every
+# token it holds: on Q4_K_M here 16 tokens cost 8.2 passes, 32 11.9 and 64 17.9, and the chats
+# that copied their last answer whole stopped at 2.4x for want of the wider passes.)
 WIDE_WIDTHS = (16, 32, 64, 128, 256)
-WIDE_STOP = 6.0
+WIDE_GAIN = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,20 +166,21 @@ def median_times(time_width: Callable[[int], float], widths: Sequence[int],
 
 def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
                   limit: int) -> None:
-    """Time one pass at each of WIDE_WIDTHS that fits (``limit``), widest last, until one
-    costs more than WIDE_STOP one-token passes. Its tokens are the text's, repeated: what a
-    pass costs does not depend on which tokens it holds."""
+    """Time one pass at each of WIDE_WIDTHS that fits (``limit``), narrowest first, until a
+    token costs not WIDE_GAIN less in it than in the width before. Its tokens are the text's,
+    repeated: what a pass costs does not depend on which tokens it holds."""
     base = len(target.tokens)
     for w in WIDE_WIDTHS:
         if w > limit or w in points:
             continue
+        before = max(points)
         t0 = time.perf_counter()
         # Logits for every row, as a tree's verification asks: on a large vocabulary the
         # output layer is a real share of a wide pass.
         target.decode((seq * (w // len(seq) + 1))[:w], w)
         points[w] = time.perf_counter() - t0
         target.truncate(base)
-        if points[w] > WIDE_STOP * points[1]:
+        if points[w] / w > (1.0 - WIDE_GAIN) * points[before] / before:
             break
 
 

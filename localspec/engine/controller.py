@@ -765,7 +765,11 @@ class DraftController:
             acc.end_request()
         self.ties.end_request()
 
-    def observe_plain_step(self) -> None:
+    def observe_plain_step(self, tied: bool | None = None) -> None:
+        """A step that drafted nothing; ``tied``: whether its position was a near-tie (None:
+        not measured, e.g. the position a near-tie left, counted already)."""
+        if tied is not None:
+            self.ties.observe(1, tied)
         self.model_acc.relax()
         self.peeks.streak += 1
         if self._peeking:  # the peeked draft was not worth verifying

@@ -133,6 +133,8 @@ class _Run:
     reason: FinishReason | None = None
     # Set after a near-tie: the next position is decided by a one-token step.
     plain_next: bool = False
+    # After a plain step auto chose: whether its position was a near-tie (None: not measured).
+    plain_tie: bool | None = None
     calibration_decode_seconds: float = 0.0
     calibration_decode_calls: int = 0
 
@@ -466,7 +468,7 @@ class SpeculativeEngine:
             run.stats.target_passes += 1
             self._costs.observe_verify(k + 1, dt)
             t0 = time.perf_counter()
-            n_acc, nxt = self._verify(run, prop, logits)
+            n_acc, nxt = self._verify(run, prop, logits, watch_tie=not run.plain_next)
             run.stats.sample_seconds += time.perf_counter() - t0
             run.plain_next = nxt is None
             if k:
@@ -479,7 +481,7 @@ class SpeculativeEngine:
                 run.stats.count_round(prop.source, k, n_acc)
                 run.by_name[prop.source].observe(prop, n_acc)
             else:
-                controller.observe_plain_step()
+                controller.observe_plain_step(tied=run.plain_tie)
             run.stats.k_counts[k] += 1
             new = prop.tokens[:n_acc] + ([nxt] if nxt is not None else [])
             yield from self._emit(run, new, n_drafted=n_acc)
@@ -804,13 +806,15 @@ class SpeculativeEngine:
                 best, best_rate = cand, rate
         return best
 
-    def _verify(self, run: _Run, prop: Proposal,
-                logits: np.ndarray) -> tuple[int, int | None]:
+    def _verify(self, run: _Run, prop: Proposal, logits: np.ndarray,
+                watch_tie: bool = False) -> tuple[int, int | None]:
         """Accept a prefix of the drafted tokens; return (n accepted, the next token).
 
         The next token is None when greedy or coupled verification met a near-tie in batched
         logits: the accepted prefix stands and the next step decides that position alone, as
-        plain decoding would."""
+        plain decoding would. ``watch_tie`` (a plain step auto chose): the one-token pass
+        decides its position exactly, but whether that was a near-tie goes to ``run.plain_tie``
+        for the near-tie rate."""
         if not prop.is_chain or prop.is_mixed:
             raise ValueError(f"drafter {prop.source!r} proposed a token tree; verification "
                              "takes chains only")
@@ -838,7 +842,13 @@ class SpeculativeEngine:
             hist.append(tok)
         k = len(prop.tokens)
         if run.rule in ("greedy", "coupled"):
-            choice = self._choose(logits[k], hist, run, base + k, guard)
+            # A near-tie is a property of the target's text, not of drafting: counted at the
+            # plain steps too, else the rate a tie raised stays up while auto decodes plainly
+            # (it is never seen again), and prices every later copy as if ties cut it short:
+            # a rename that copied its file decoded plainly for 90 tokens on Q4_K_M.
+            watch = watch_tie and not k and run.speculate and self.tie_margin > 0
+            choice = self._choose(logits[k], hist, run, base + k, guard or watch)
+            run.plain_tie = choice.margin < self.tie_margin if watch else None
             if guard and choice.margin < self.tie_margin:
                 return k, None
             return k, choice.token
