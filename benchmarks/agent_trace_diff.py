@@ -1,12 +1,14 @@
 """Where an agent_trace.py run parts from the target alone, and the target's top-2 margin there.
 
-    .venv/bin/python benchmarks/agent_trace_diff.py RESULT.json TARGET.gguf [CONFIG]
+    .venv/bin/python benchmarks/agent_trace_diff.py RESULT.json TARGET.gguf [CONFIG [REQUEST]]
 
 RESULT.json is agent_trace.py's --json output (it keeps each text); CONFIG defaults to
 history-on. The first request whose text differs is replayed with the target alone (its input
-is the same in both runs: every earlier answer matched); the margin is the target's top-2 gap
-in a one-token pass at the first differing token. A margin under the batched drift of the
-target's weights (0.3-0.7 logits for Q8_0/Q4_K_M on a CPU) is a near-tie.
+is the same in both runs: every earlier answer matched), or REQUEST, a differing request whose
+input was the same too (a tool call resends no earlier answer); the margin is the target's
+top-2 gap at the first differing token, from one pass over the prompt and the text before it.
+A margin under the batched drift of the target's weights (0.3-0.7 logits for Q8_0/Q4_K_M on
+a CPU) is a near-tie: which side wins then depends on how the KV cache was computed.
 """
 import json
 import sys
@@ -29,7 +31,9 @@ config = sys.argv[3] if len(sys.argv) > 3 else "history-on"
 alone = {r["name"]: r["text"] for r in d["configs"]["alone"]["per_request"]}
 hist = {r["name"]: r["text"] for r in d["configs"][config]["per_request"]}
 steps = at.trace()
-first = next((s for s in steps if alone[s.name] != hist[s.name]), None)
+named = sys.argv[4] if len(sys.argv) > 4 else None
+first = next((s for s in steps if alone[s.name] != hist[s.name]
+              and (named is None or s.name == named)), None)
 print("differing:", [s.name for s in steps if alone[s.name] != hist[s.name]])
 if first is None:
     sys.exit(0)
@@ -54,5 +58,6 @@ eng.clear_caches()
 logits = np.array(eng.target.sync(list(prompt) + list(fin.tokens[:n]), 1)[0])
 top = np.argsort(logits)[::-1][:2]
 best, second = (eng.target.piece(int(t)) for t in top)
-print(f"token {n}: the target alone chose {best!r} over {second!r} by "
-      f"{float(logits[top[0]] - logits[top[1]]):.3f} logits (one-token pass)")
+print(f"token {n}: the target's top two, {best!r} and {second!r}, are "
+      f"{float(logits[top[0]] - logits[top[1]]):.3f} logits apart (one pass over the prompt "
+      "and the text before)")

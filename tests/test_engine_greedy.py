@@ -208,7 +208,10 @@ def test_calibration_is_measured_after_the_first_token_and_cached(
         # and a few wider ones, for token trees.
         widths = sorted(eng.calibration.target_points)
         assert [w for w in widths if w <= eng.k_max + 1] == list(range(1, eng.k_max + 2))
-        assert set(widths[eng.k_max + 1:]) <= set(calibration.WIDE_WIDTHS)
+        wide = widths[eng.k_max + 1:]
+        assert set(wide) <= set(calibration.WIDE_WIDTHS)
+        points = eng.calibration.target_points
+        assert all(calibration.cheaper_per_token(points, w) for w in wide[:-1])
         # Calibration's own decodes are not generation time: host time stays a real quantity.
         generating = res.stats.total_seconds - res.stats.calibration_seconds
         assert 0 < res.stats.decode_seconds <= generating

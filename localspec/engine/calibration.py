@@ -164,6 +164,13 @@ def median_times(time_width: Callable[[int], float], widths: Sequence[int],
     return {w: float(np.median(ts)) for w, ts in times.items()}
 
 
+def cheaper_per_token(points: dict[int, float], width: int) -> bool:
+    """Whether a token costs at least WIDE_GAIN less in a pass of ``width`` (timed, in
+    ``points``) than in the next narrower pass timed: else wider passes are not worth timing."""
+    before = max(n for n in points if n < width)
+    return points[width] / width <= (1.0 - WIDE_GAIN) * points[before] / before
+
+
 def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
                   limit: int) -> None:
     """Time one pass at each of WIDE_WIDTHS that fits (``limit``), narrowest first, until a
@@ -173,14 +180,13 @@ def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
     for w in WIDE_WIDTHS:
         if w > limit or w in points:
             continue
-        before = max(points)
         t0 = time.perf_counter()
         # Logits for every row, as a tree's verification asks: on a large vocabulary the
         # output layer is a real share of a wide pass.
         target.decode((seq * (w // len(seq) + 1))[:w], w)
         points[w] = time.perf_counter() - t0
         target.truncate(base)
-        if points[w] / w > (1.0 - WIDE_GAIN) * points[before] / before:
+        if not cheaper_per_token(points, w):
             break
 
 

@@ -465,8 +465,11 @@ def _step_rates(probs: Sequence[float], costs: CostModel,
 def _best_prefix(probs: list[float], costs: CostModel, tie: float = 0.0) -> tuple[int, float]:
     """(n, rate): the prefix length n of ``probs`` (drafted for free, as by prompt lookup) whose
     verification is expected to yield the most tokens per second."""
-    return max(((n, expected / seconds) for n, expected, seconds
-                in _step_outcomes(probs, costs, tie)), key=lambda nr: (nr[1], -nr[0]))
+    best_n, best = 0, -1.0
+    for n, expected, seconds in _step_outcomes(probs, costs, tie):
+        if expected / seconds > best:  # ties keep the shorter prefix
+            best_n, best = n, expected / seconds
+    return best_n, best
 
 
 @dataclass(frozen=True, slots=True)
@@ -634,11 +637,26 @@ class DraftController:
         proposal, at that drafter's acceptance rate."""
         return self._free_prefix(prop)[1]
 
+    # A free draft is priced only while the chance of reaching its next token is above this:
+    # past it a token adds nothing worth a wider pass, and a copy may offer 63 tokens each step
+    # (pricing them all took ~0.1 ms a drafter, per plain step too).
+    REACH_FLOOR = 1e-3
+
     def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
-        if len(prop.confidences) == len(prop.tokens):
-            probs = [self._free_estimate(prop.source, c) for c in prop.confidences]
-        else:
-            probs = [self.acceptance[prop.source].rate] * len(prop.tokens)
+        if len(prop.confidences) != len(prop.tokens):
+            rate = self.acceptance[prop.source].rate
+            return _best_prefix([rate] * len(prop.tokens), self.costs, tie=self.ties.rate)
+        probs: list[float] = []
+        seen: dict[float, float] = {}
+        reach = 1.0
+        for c in prop.confidences:  # a copy's tokens share a few confidences
+            p = seen.get(c)
+            if p is None:
+                p = seen[c] = self._free_estimate(prop.source, c)
+            probs.append(p)
+            reach *= p
+            if reach < self.REACH_FLOOR:
+                break
         return _best_prefix(probs, self.costs, tie=self.ties.rate)
 
     # -- token trees --------------------------------------------------------------------------
