@@ -15,6 +15,9 @@ from localspec.engine.drafters import Proposal
 CPU_F16 = {1: 1.0, 4: 1.30, 8: 1.72, 16: 2.47, 32: 3.95, 64: 7.43}
 CPU_Q4 = {1: 1.0, 4: 2.47, 8: 2.92, 16: 3.13, 32: 4.60, 64: 8.0}
 LINEAR = {n: float(n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+# Q4_K_M on a 2-core AVX-512 CPU (benchmarks/README.md, 2026-12-03): 8 tokens cost 7.8 passes.
+CPU_Q4_AVX512 = {1: 1.0, 2: 1.9, 4: 3.6, 8: 7.77, 16: 8.17, 32: 11.9, 64: 17.9, 128: 27.4,
+                 256: 58.2}
 GPU = {1: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08, 64: 1.15, 128: 1.3, 256: 1.6}
 DEPTH = [0.7] * 32
 SIBLINGS = [0.15, 0.07, 0.03]
@@ -136,6 +139,105 @@ def test_the_controller_asks_for_trees_only_where_they_pay() -> None:
                              12, acceptance={"model": AcceptanceModel(0.7)}, model="model")
     small = narrow.tree_plan(room=100, max_nodes=255, branches=32)
     assert small is not None and small.nodes <= 12
+
+
+class _Counted:
+    """A cost model that counts the widths it is asked to price; ``floor`` False: it claims
+    a wider pass may cost nothing, which leaves the planner nothing to stop its walk on."""
+
+    def __init__(self, costs: CostModel, floor: bool = True) -> None:
+        self.costs, self.floor, self.priced = costs, floor, 0
+
+    def verify(self, n: int) -> float:
+        self.priced += 1
+        return self.costs.verify(n)
+
+    def verify_floor(self, n: int) -> float:
+        return self.costs.verify_floor(n) if self.floor else 0.0
+
+    def draft_pass(self, width: int) -> float:
+        return self.costs.draft_pass(width)
+
+    def draft_start(self) -> float:
+        return self.costs.draft_start()
+
+
+def test_the_walk_stops_where_no_wider_plan_can_win() -> None:
+    # On a steep curve the answer (a short chain or nothing) is known after a few nodes: the
+    # planner runs at every step, so walking all 255 cost milliseconds a token.
+    costs = _Counted(_costs(CPU_Q4_AVX512))
+    steep = tree_planner.plan(DEPTH, SIBLINGS, costs, max_nodes=255, max_branches=32)
+    assert steep.nodes <= 4
+    everything = _Counted(_costs(CPU_Q4_AVX512), floor=False)
+    assert tree_planner.plan(DEPTH, SIBLINGS, everything, max_nodes=255,
+                             max_branches=32) == steep
+    assert everything.priced > 200
+    assert costs.priced < everything.priced / 3
+    # Prose on that target (a draft right 60% of the time, a fifth of positions near-ties):
+    # plain decoding, known within a few nodes.
+    prose = _Counted(_costs(CPU_Q4_AVX512))
+    assert tree_planner.plan([0.6] * 32, SIBLINGS, prose, max_nodes=255, max_branches=32,
+                             tie=0.2).nodes == 0
+    assert prose.priced < 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stopping_early_never_changes_the_plan(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(150):
+        # Measured curves need not climb (noise, a faster wide kernel): 0.85 allows a dip.
+        points = {1: 0.02}
+        for n in (2, 3, 5, 9, 17, 33, 65, 129, 257):
+            points[n] = points[max(points)] * rng.uniform(0.85, 2.2)
+        costs = CostModel.from_measurements(points, 12, rng.choice([0.0, 0.002, 0.01]))
+        top = rng.uniform(0.3, 0.99)
+        depth = [rng.uniform(0.1, top) for _ in range(rng.randint(1, 33))]
+        siblings = [rng.uniform(0.0, 0.3) for _ in range(rng.randint(0, 3))]
+        kw: dict[str, object] = {"max_nodes": rng.choice([2, 8, 64, 255]),
+                                 "max_branches": rng.choice([1, 4, 32]),
+                                 "tie": rng.choice([0.0, 0.05, 0.3]),
+                                 "max_width": rng.choice([None, 1, 2])}
+        fast = tree_planner.plan(depth, siblings, _Counted(costs), **kw)  # type: ignore[arg-type]
+        full = tree_planner.plan(depth, siblings, _Counted(costs, floor=False),
+                                 **kw)  # type: ignore[arg-type]
+        assert fast == full
+
+
+def test_verify_floor_is_the_least_of_any_wider_pass() -> None:
+    costs = CostModel.from_measurements({1: 1.0, 5: 4.0, 9: 3.0, 17: 5.0, 33: 4.5, 65: 9.0},
+                                        12, 0.1)
+    for n in range(1, 100):
+        assert costs.verify_floor(n) == pytest.approx(min(costs.verify(m)
+                                                          for m in range(n, 300)))
+
+
+def test_the_controller_keeps_plans_while_drafters_take_turns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The model and a free drafter plan at alternate steps: one remembered plan was replanned
+    # at every step (two walks of up to 255 nodes each time).
+    walks = []
+    real = tree_planner.plan
+
+    def counted(*args: object, **kw: object) -> tree_planner.TreePlan:
+        walks.append(kw.get("max_width"))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tree_planner, "plan", counted)
+    ctl = _controller(GPU)
+    ctl.acceptance["lookup"] = AcceptanceModel(prior_rate=0.5)
+    first = [ctl.tree_plan(room=100, max_nodes=255, branches=32, source=s)
+             for s in ("model", "lookup")]
+    assert len(walks) == 4  # a tree and a chain for each
+    for _ in range(5):
+        again = [ctl.tree_plan(room=100, max_nodes=255, branches=32, source=s)
+                 for s in ("model", "lookup")]
+        assert again == first
+    assert len(walks) == 4
+    ctl.acceptance["model"].rate = 0.3  # a rate that moved plans anew
+    ctl.tree_plan(room=100, max_nodes=255, branches=32, source="model")
+    assert len(walks) == 6
 
 
 def test_a_verified_tree_teaches_depths_siblings_and_bins() -> None:

@@ -84,6 +84,18 @@ class CostModel:
             lo_n, lo_t, slope = m, t, (t - lo_t) / (m - lo_n)
         return lo_t + max(0.0, slope) * (n - lo_n)
 
+    def verify_floor(self, n: int) -> float:
+        """The least a target pass over ``n`` tokens or more may cost: measured costs need not
+        climb with width (noise, a wider kernel), and between and past the measured widths
+        ``verify`` is linear, so its least is at ``n`` or at a measured width."""
+        floor = self.verify(n)
+        for t in self.target[n:]:
+            floor = min(floor, t)
+        for m, t in self.wide.items():
+            if m >= n:
+                floor = min(floor, t)
+        return floor
+
     def observe_verify(self, n: int, seconds: float) -> None:
         if 0 < n < len(self.target):
             self.target[n] += self.smoothing * (seconds - self.target[n])
@@ -481,6 +493,9 @@ class _Free:
     def verify(self, n: int) -> float:
         return self.costs.verify(n)
 
+    def verify_floor(self, n: int) -> float:
+        return self.costs.verify_floor(n)
+
     def draft_pass(self, width: int) -> float:
         return 0.0
 
@@ -530,8 +545,9 @@ class DraftController:
         # The token rate this request is expected to keep up (tokens/s): what a drafted token's
         # seconds are worth. Set with each decision to draft (model_worth_trying).
         self._long_run: float | None = None
-        self._tree_key: tuple[object, ...] | None = None
-        self._tree: TreePlan | None = None
+        # Tree plans by what they were planned from (see tree_plan), the newest last; for this
+        # request only (the costs they were priced at drift).
+        self._trees: dict[tuple[object, ...], TreePlan | None] = {}
 
     @property
     def model_acc(self) -> AcceptanceModel:
@@ -663,6 +679,7 @@ class DraftController:
     # A tree must beat the best chain by this much: its sibling rates are learned slowly, and
     # on a steep cost curve a chain is what auto did before trees (it must never lose to it).
     TREE_MARGIN = 1.05
+    TREE_PLANS_KEPT = 16
 
     def tree_plan(self, room: int, max_nodes: int, branches: int,
                   source: str | None = None) -> TreePlan | None:
@@ -681,19 +698,26 @@ class DraftController:
         costs: tree_planner.TreeCosts = self.costs if source == self.model else _Free(self.costs)
         depth = acc.depth_rates(0, min(MAX_DEPTH, room, max_nodes))
         sib = acc.sibling_rates
-        # Planning walks up to a few hundred nodes: at GPU step rates that is worth reusing
-        # while the rates it depends on stay where they were (to 0.02).
-        key = (tuple(round(r * 50) for r in depth), tuple(round(r * 50) for r in sib),
-               round(self.ties.rate * 50), max_nodes, branches, source)
-        if self._tree_key != key:
-            tree = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes,
-                                     max_branches=branches, tie=self.ties.rate)
-            chain = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes,
-                                      max_branches=branches, max_width=1, tie=self.ties.rate)
-            self._tree_key = key
-            self._tree = (None if tree.is_chain or tree.rate <= self.TREE_MARGIN * chain.rate
-                          else tree)
-        return self._tree
+        # Planning walks up to a few hundred nodes (about a millisecond): at GPU step rates that
+        # is worth reusing while the rates it depends on stay where they were. It plans with
+        # the rates on a grid of 0.02 (the near-tie rate 0.05: it moves at every step) and
+        # keeps a few plans, since the free drafters and the model plan alternately.
+        depth = [round(r * 50) / 50 for r in depth]
+        sib = [round(r * 50) / 50 for r in sib]
+        tie = round(self.ties.rate * 20) / 20
+        key = (tuple(depth), tuple(sib), tie, max_nodes, branches, source)
+        if key in self._trees:
+            self._trees[key] = self._trees.pop(key)  # the newest last
+            return self._trees[key]
+        tree = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes, max_branches=branches,
+                                 tie=tie)
+        chain = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes, max_branches=branches,
+                                  max_width=1, tie=tie)
+        if len(self._trees) >= self.TREE_PLANS_KEPT:
+            del self._trees[next(iter(self._trees))]
+        plan = None if tree.is_chain or tree.rate <= self.TREE_MARGIN * chain.rate else tree
+        self._trees[key] = plan
+        return plan
 
     def tree_estimates(self, prop: Proposal) -> list[float]:
         """P(each node matches the target's choice | its parent was accepted), each node by

@@ -18,7 +18,7 @@ Pure: no llama.cpp, no engine state; the controller feeds it acceptance rates an
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +28,9 @@ class TreeCosts(Protocol):
 
     def verify(self, n: int) -> float:
         """One target pass over ``n`` tokens."""
+
+    def verify_floor(self, n: int) -> float:
+        """The least one target pass over ``n`` tokens or more may cost."""
 
     def draft_pass(self, width: int) -> float:
         """One draft pass over ``width`` tree nodes (one level)."""
@@ -74,23 +77,31 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
     if max_nodes <= 0 or not depth_rates or width_cap <= 0:
         return plain
     keep = 1.0 - tie
+    # Each cost is looked up once per width: a plan walks up to a few hundred nodes, every
+    # step, and re-summing the levels' draft passes per node made it O(nodes x depth) calls.
+    verify = _Memo(costs.verify)
+    draft_pass = _Memo(costs.draft_pass)
+    one_pass = verify(1)
+    start = costs.draft_start()
     # Candidates: (-P, order, parent, depth, rank). ``order`` breaks ties first come first.
     heap: list[tuple[float, int, int, int, int]] = [(-keep * depth_rates[0], 0, -1, 0, 0)]
     order = 1
-    depth_of: list[int] = []
     node_p: list[float] = []
     n_children: list[int] = []
     level: list[int] = []  # nodes per depth
+    inner = 0.0  # draft passes of every level but the last (the last is never drafted from)
     roots, leaves, widest, total = 0, 0, 0, 0.0
     best = plain
-    while heap and len(depth_of) < max_nodes:
+    # No tree yields more than every node of the unbounded tree would: once a pass over the
+    # nodes so far, and any wider one, costs more than that is worth at the best rate found,
+    # no wider plan can win (on a steep CPU curve that ends the walk after a few nodes).
+    most = 1.0 + _full_mass(depth_rates, sibling_rates[:width_cap - 1], keep)
+    while heap and len(node_p) < max_nodes:
         neg_p, _, parent, depth, rank = heapq.heappop(heap)
         p = -neg_p
         # A root, or a second child of a node, is a new leaf; a first child replaces one.
         if (parent < 0 or n_children[parent] > 0) and leaves >= max_branches:
             continue
-        node = len(depth_of)
-        depth_of.append(depth)
         node_p.append(p)
         n_children.append(0)
         if parent < 0:
@@ -102,17 +113,23 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
             n_children[parent] += 1
             widest = max(widest, n_children[parent])
         if depth == len(level):
+            if level:  # the level that was last is now drafted from
+                inner += draft_pass(level[-1])
             level.append(0)
+        elif depth < len(level) - 1:
+            inner += draft_pass(level[depth] + 1) - draft_pass(level[depth])
         level[depth] += 1
         total += p
         expected = 1.0 + total
-        drafting = costs.draft_start() + sum(costs.draft_pass(w) for w in level[:-1])
-        seconds = costs.verify(len(depth_of) + 1) + tie * costs.verify(1) * expected + drafting
+        seconds = verify(len(node_p) + 1) + tie * one_pass * expected + start + inner
         if expected / seconds > best.rate:
-            best = TreePlan(len(depth_of), len(level), widest, leaves, expected, seconds, p)
+            best = TreePlan(len(node_p), len(level), widest, leaves, expected, seconds, p)
+        if most <= best.rate * (costs.verify_floor(len(node_p) + 2) + start):
+            break
         # Its first child, and its own next sibling (the next rank under the same parent).
         if depth + 1 < len(depth_rates):
-            heapq.heappush(heap, (-p * keep * depth_rates[depth + 1], order, node, depth + 1, 0))
+            heapq.heappush(heap, (-p * keep * depth_rates[depth + 1], order, len(node_p) - 1,
+                                  depth + 1, 0))
             order += 1
         if rank + 1 < width_cap:
             parent_p = node_p[parent] if parent >= 0 else 1.0
@@ -120,6 +137,33 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
                                   rank + 1))
             order += 1
     return best
+
+
+def _full_mass(depth_rates: Sequence[float], sibling_rates: Sequence[float],
+               keep: float) -> float:
+    """The sum of P over every node of the tree with no node or branch limit: each node's
+    children (its first guess and each sibling rank) carry its P times their rates."""
+    siblings = sum(sibling_rates)
+    below = 0.0  # the mass under a node at the deepest level, relative to its own P
+    for r in reversed(depth_rates[1:]):
+        below = keep * (r + siblings) * (1.0 + below)
+    return keep * (depth_rates[0] + siblings) * (1.0 + below)
+
+
+class _Memo:
+    """A cost function's values, each computed once."""
+
+    __slots__ = ("fn", "values")
+
+    def __init__(self, fn: Callable[[int], float]) -> None:
+        self.fn = fn
+        self.values: dict[int, float] = {}
+
+    def __call__(self, n: int) -> float:
+        v = self.values.get(n)
+        if v is None:
+            v = self.values[n] = self.fn(n)
+        return v
 
 
 def path_probabilities(estimates: Sequence[float], parents: Sequence[int]) -> list[float]:
