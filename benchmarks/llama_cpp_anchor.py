@@ -110,7 +110,22 @@ def run_one(bin_dir: Path, c: Contender, target: str, draft: str, prompt: str,
 
 def _same(a: str, b: str) -> bool:
     n = min(len(a), len(b))
-    return a[:n] == b[:n]
+    # An empty text (a run that printed nothing) matches nothing but another empty one.
+    return a[:n] == b[:n] and (n > 0 or a == b)
+
+
+def _numbers(kind: type[int] | type[float], count: int | None) -> Any:
+    """An argparse type for comma-separated numbers: a bad list is one line, not a traceback."""
+    def parse(text: str) -> list[Any]:
+        try:
+            out = [kind(x) for x in text.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+        if not out or (count is not None and len(out) != count):
+            raise argparse.ArgumentTypeError(
+                f"expected {count or 'some'} comma-separated numbers, got {text!r}")
+        return out
+    return parse
 
 
 def summarize(results: list[PromptRuns], names: list[str]) -> dict[str, Any]:
@@ -162,8 +177,9 @@ def main() -> int:
     ap.add_argument("--draft", required=True)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--chains", default="3,5,8", help="chain lengths K (comma-separated)")
-    ap.add_argument("--tree", default="3,0.1,8",
+    ap.add_argument("--chains", default="3,5,8", type=_numbers(int, None),
+                    help="chain lengths K (comma-separated)")
+    ap.add_argument("--tree", default="3,0.1,8", type=_numbers(float, 3),
                     help="the tree example's sequences, split probability and K")
     ap.add_argument("--prompts", default="", help="built-in prompt names (default: all)")
     ap.add_argument("--threads", type=int, default=default_threads())
@@ -176,9 +192,8 @@ def main() -> int:
             print(f"error: {args.bin / b} not found (build llama.cpp's examples first)",
                   file=sys.stderr)
             return 1
-    np_, split, n_max = args.tree.split(",")
-    cs = contenders([int(k) for k in args.chains.split(",") if k],
-                    (int(np_), float(split), int(n_max)))
+    np_, split, n_max = args.tree
+    cs = contenders(args.chains, (int(np_), split, int(n_max)))
     names = {n for n in args.prompts.split(",") if n} or None
     results = []
     t0 = time.time()
