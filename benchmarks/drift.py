@@ -9,7 +9,17 @@ contexts (deeper positions, other batch widths), on real text rather than arbitr
 
 For each target: a real prompt and the target's own greedy continuation give a realistic context;
 at several depths, the next W tokens are decoded once as one batch of W and once one token at a
-time, and the largest |batched - single| logit difference is recorded per (depth, width).
+time, and per (depth, width) two drifts are recorded:
+
+* ``drift``: the largest |batched - single| logit difference over the whole vocabulary (what the
+  engine measures at load; its near-tie margin is twice this, at least 0.2 for quantized
+  weights);
+* ``margin_drift``: the largest change between batched and single logits of the *margin*
+  between the one-token pass's top token and each of its next four, which is what decides
+  whether a batched pass could choose otherwise.
+
+And over the one-token passes, the share of positions whose top-2 margin is under the engine's
+margin and under the largest margin drift seen: the positions a draft must stop at.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ import numpy as np
 
 from localspec.benchmarking import BUILTIN_PROMPTS
 from localspec.engine import LlamaRunner, ModelSettings, SpeculativeEngine
+from localspec.engine.decoder import QUANTIZED_TIE_FLOOR
+from localspec.gguf_meta import has_quantized_weights
 
 WIDTHS = (2, 4, 6, 9, 13)
 DEPTHS = (8, 64, 256, 512)
@@ -42,7 +54,19 @@ def _context(engine: SpeculativeEngine, n: int) -> list[int]:
     return toks
 
 
-def measure(engine: SpeculativeEngine, seq: list[int], depth: int, width: int) -> float:
+RIVALS = 4  # the one-token pass's runners-up whose margin to its top token is followed
+
+
+def _margin_drift(single: np.ndarray, batched: np.ndarray) -> float:
+    order = np.argsort(-single)[:RIVALS + 1]
+    delta = batched[order] - single[order]
+    return float(np.abs(delta[0] - delta[1:]).max())
+
+
+def measure(engine: SpeculativeEngine, seq: list[int], depth: int,
+            width: int) -> tuple[float, float, list[float]]:
+    """(vocabulary drift, margin drift, the one-token passes' top-2 margins) of decoding
+    ``seq[depth:depth + width]`` after ``seq[:depth]`` as one batch against one token at a time."""
     runner = engine.target
     head, tail = seq[:depth], seq[depth:depth + width]
     runner.reset()
@@ -50,7 +74,10 @@ def measure(engine: SpeculativeEngine, seq: list[int], depth: int, width: int) -
     single = [runner.decode([t], 1)[0].copy() for t in tail]
     runner.truncate(depth)
     batched = runner.decode(tail, width)
-    return max(float(np.abs(single[i] - batched[i]).max()) for i in range(width))
+    drift = max(float(np.abs(single[i] - batched[i]).max()) for i in range(width))
+    margin = max(_margin_drift(single[i], batched[i]) for i in range(width))
+    tops = [float(np.diff(np.sort(s)[-2:])[0]) for s in single]
+    return drift, margin, tops
 
 
 def main() -> int:
@@ -62,21 +89,30 @@ def main() -> int:
     for path in args.target:
         t0 = time.perf_counter()
         with SpeculativeEngine(LlamaRunner(path, ModelSettings(n_ctx=2048)), None,
-                               calibrate=False) as e:
+                               cache_calibration=False) as e:
             seq = _context(e, max(DEPTHS) + max(WIDTHS) + 1)
-            table = {f"{d}x{w}": round(measure(e, seq, d, w), 4)
-                     for d in DEPTHS for w in WIDTHS}
-            # What the engine measured at load until now: 6 arbitrary ids at depth 6.
-            vocab = e.target.n_vocab
-            ids = [(vocab // 3 + 7919 * i) % vocab for i in range(12)]
-            random_ids = round(measure(e, ids, 6, 6), 4)
-        out[Path(path).name] = {"drift": table, "load_time_measure": random_ids,
-                                "seconds": round(time.perf_counter() - t0, 1)}
+            runs = {(d, w): measure(e, seq, d, w) for d in DEPTHS for w in WIDTHS}
+            quantized = has_quantized_weights(path)
+        table = {f"{d}x{w}": round(r[0], 4) for (d, w), r in runs.items()}
+        margins = {f"{d}x{w}": round(r[1], 4) for (d, w), r in runs.items()}
+        tops = np.array([m for r in runs.values() for m in r[2]])
+        guard = max(2.0 * max(table.values()), QUANTIZED_TIE_FLOOR if quantized else 0.0)
+        seen = max(margins.values())
+        out[Path(path).name] = {
+            "drift": table, "margin_drift": margins, "tie_margin": round(guard, 4),
+            "positions_under_tie_margin": round(float(np.mean(tops < guard)), 3),
+            "positions_under_margin_drift": round(float(np.mean(tops < seen)), 3),
+            "seconds": round(time.perf_counter() - t0, 1)}
         print(Path(path).name, file=sys.stderr)
-        print("depth \\ width " + " ".join(f"{w:>7}" for w in WIDTHS), file=sys.stderr)
-        for d in DEPTHS:
-            print(f"{d:>13} " + " ".join(f"{table[f'{d}x{w}']:7.4f}" for w in WIDTHS),
+        for name, t in (("drift", table), ("margin drift", margins)):
+            print(f"{name:<13} depth \\ width " + " ".join(f"{w:>7}" for w in WIDTHS),
                   file=sys.stderr)
+            for d in DEPTHS:
+                print(f"{d:>27} " + " ".join(f"{t[f'{d}x{w}']:7.4f}" for w in WIDTHS),
+                      file=sys.stderr)
+        print(f"near-tie margin {guard:.3f}: {np.mean(tops < guard):.0%} of positions under "
+              f"it; under the largest margin drift ({seen:.3f}): {np.mean(tops < seen):.0%}",
+              file=sys.stderr)
     text = json.dumps(out, indent=2)
     if args.json:
         args.json.write_text(text + "\n")

@@ -1,0 +1,266 @@
+"""The agent trace's acceptance priced by several cost curves: what drafting from history gives
+on machines this one is not, and the most any drafting from history could give here.
+
+    .venv/bin/python benchmarks/trace_model.py --target T.gguf [--draft D.gguf] --json OUT.json
+    .venv/bin/python benchmarks/trace_model.py --from OUT.json [--json OUT2.json]   # re-price
+
+Which tokens a draft gets right is a property of the pair and the texts, not of the machine;
+what a target pass of n tokens costs is the machine's. So this records the trace of
+``agent_trace.py`` once, in process (greedy, the history drafter on, a fresh in-memory index,
+the same requests in the same order), keeping every request's prompt and output tokens and the
+engine's target passes by width. Then it prices three ways of drafting the same texts with each
+cost curve (verification of n tokens as a multiple of a one-token pass):
+
+* ``engine``: the passes the engine made in the recording (chosen for *this* machine's curve,
+  so on another curve a lower estimate of what the engine would do there);
+* ``policy``: at every step, the free drafters' proposals (history, prompt lookup) with their
+  own confidences read as acceptance probabilities, the length that maximises expected tokens
+  per pass cost, or a plain step where none beats 1 (a calibrated planner, without near-ties);
+* ``bound``: the fewest passes any drafting from history and prompt lookup could take, knowing
+  where every proposal stops matching (dynamic programming over positions): an upper bound
+  for those two drafters (a draft model can add where its guesses beat them).
+
+Curves: ``here`` (the recording's own calibration), ``amx-q4_k_m`` and ``amx-f16`` (issue #27's
+table, measured on a 2-core AMX machine with this pair), and ``gpu``/``offload``
+(``tree_budget.py``'s stated shapes). Speedups are decode-only (tokens after the first over the
+passes' cost) and for the whole trace with prefill (the uncached prompt tokens priced as passes
+of their width, the same on both sides), against the target alone decoding one token a pass.
+History and prompt lookup cost nothing to draft; the draft model's tokens (``engine`` only) are
+priced at the draft-to-target cost ratio this run measured, on every curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Curve = dict[int, float]
+# Issue #27's table (2-core AMX machine, this pair, 200-token prefix, repacking off).
+AMX_Q4 = {1: 1.0, 4: 2.47, 8: 2.92, 16: 3.13, 32: 4.60, 64: 8.0}
+AMX_F16 = {1: 1.0, 4: 1.30, 8: 1.72, 16: 2.47, 32: 3.95, 64: 7.43}
+# tree_budget.py's stated shapes (assumptions until a GPU run measures them).
+GPU = {1: 1.0, 16: 1.03, 32: 1.08, 64: 1.18, 128: 1.45, 256: 2.1}
+OFFLOAD = {1: 1.0, 16: 1.01, 32: 1.02, 64: 1.05, 128: 1.15, 256: 1.4}
+MAX_DRAFT = 63  # a copy's longest draft: the engine's widest pass is 64
+
+
+def pass_cost(curve: Curve, n: int) -> float:
+    """A pass over ``n`` tokens, in one-token passes: linear between measured widths, and past
+    the widest in passes of the widest (as a long prompt is prefilled in batches)."""
+    widths = sorted(curve)
+    base = curve[1]
+    top = widths[-1]
+    if n > top:
+        full, rest = divmod(n, top)
+        return full * curve[top] / base + (pass_cost(curve, rest) if rest else 0.0)
+    return float(np.interp(n, widths, [curve[w] for w in widths])) / base
+
+
+def matched(tokens: Sequence[int], out: Sequence[int], p: int) -> int:
+    """How many of ``tokens`` the target's text continues with from position ``p``."""
+    n = 0
+    while n < len(tokens) and p + n < len(out) and tokens[n] == out[p + n]:
+        n += 1
+    return n
+
+
+Candidate = tuple[list[int], list[float]]  # a proposal's tokens and confidences
+
+
+def bound_passes(cands: Sequence[Sequence[Candidate]], out: Sequence[int],
+                 cost: Callable[[int], float]) -> float:
+    """The fewest passes' cost to write ``out[1:]`` (``out[0]`` comes with the prefill) when
+    each step may verify any prefix of a candidate at that position, knowing how far each
+    matches. ``cands[p - 1]``: the candidates at position p."""
+    n = len(out)
+    best = [float("inf")] * (n + 1)
+    best[1] = 0.0
+    for p in range(1, n):
+        if best[p] == float("inf"):
+            continue
+        best[p + 1] = min(best[p + 1], best[p] + 1.0)
+        for tokens, _ in cands[p - 1]:
+            a = matched(tokens, out, p)
+            if a:
+                q = min(n, p + a + 1)
+                best[q] = min(best[q], best[p] + cost(a + 1))
+    return best[n]
+
+
+def policy_passes(cands: Sequence[Sequence[Candidate]], out: Sequence[int],
+                  cost: Callable[[int], float]) -> float:
+    """The passes' cost of a planner that reads each proposal's confidences as the chance the
+    target accepts each token (given the ones before) and verifies the prefix that maximises
+    expected tokens per cost, where that beats a plain step's 1."""
+    n = len(out)
+    p, total = 1, 0.0
+    while p < n:
+        best_rate, best = 1.0, None
+        for tokens, confs in cands[p - 1]:
+            expected, survive = 1.0, 1.0
+            for length in range(1, min(len(tokens), n - p) + 1):
+                survive *= confs[length - 1]
+                expected += survive
+                rate = expected / cost(length + 1)
+                if rate > best_rate:
+                    best_rate, best = rate, (tokens, length)
+        if best is None:
+            total += 1.0
+            p += 1
+            continue
+        tokens, length = best
+        total += cost(length + 1)
+        p += min(length, matched(tokens, out, p)) + 1
+    return total
+
+
+# -- the recording ---------------------------------------------------------------------------
+def record(args: argparse.Namespace) -> dict[str, Any]:
+    """The trace, in process: per request its prompt and output tokens, the engine's target
+    passes by width and the uncached prompt tokens; and this run's measured cost curve."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import agent_trace
+
+    from localspec.engine import ModelSettings, SamplingParams
+    from localspec.engine.decoder import GenerationRequest, SpeculativeEngine
+    from localspec.engine.drafters import DraftSettings
+    from localspec.engine.history_store import HistoryStore
+
+    settings = ModelSettings(n_ctx=args.ctx, repack=args.repack)
+    engine = SpeculativeEngine.load(args.target, args.draft, settings,
+                                    history=HistoryStore.in_memory())
+    mode = "model" if args.draft else "lookup"
+
+    def run(messages: list[dict[str, str]]) -> tuple[list[int], Any, Any]:
+        prompt = engine.tokenize(engine.chat_prompt(messages), chat=True)
+        req = GenerationRequest(prompt_tokens=prompt, max_tokens=args.max_tokens,
+                                sampling=SamplingParams(temperature=0.0),
+                                draft=DraftSettings(mode=mode, history=True))
+        return list(prompt), engine.generate(req), req
+
+    with engine:
+        run(agent_trace._WARMUP)  # the first-use calibration, as agent_trace.py does
+        answers: dict[str, str] = {}
+        requests = []
+        t0 = time.perf_counter()
+        for step in agent_trace.trace():
+            prompt, fin, _ = run(step.build(answers))
+            answers[step.name] = fin.text
+            s = fin.stats
+            requests.append({"name": step.name, "prompt": prompt, "output": list(fin.tokens),
+                             "uncached_prompt": s.prompt_tokens - s.prompt_cached_tokens,
+                             "draft_model_tokens": s.draft_model_tokens,
+                             "passes": {str(k): c for k, c in sorted(s.k_counts.items())},
+                             "seconds": s.total_seconds})
+            print(f"{step.name}: {len(fin.tokens)} tokens, {s.target_passes} passes, "
+                  f"{s.total_seconds:.1f} s", file=sys.stderr, flush=True)
+        cal = engine.calibration
+        here = {int(k): float(v) for k, v in (cal.target_points.items() if cal else [])}
+        draft_ratio = cal.draft_token / here[1] if cal and here.get(1) else 0.0
+    return {"target": str(args.target), "draft": str(args.draft) if args.draft else None,
+            "draft_ratio": round(draft_ratio, 4), "max_tokens": args.max_tokens,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests}
+
+
+def candidates(requests: Sequence[dict[str, Any]]) -> list[list[list[Candidate]]]:
+    """Per request and position, what history and prompt lookup would propose there, with the
+    history index holding the requests before it (as the engine's did)."""
+    from localspec.engine.drafters import DraftContext, HistoryDrafter, PromptLookupDrafter
+    from localspec.engine.history_store import HistoryStore
+
+    store = HistoryStore.in_memory()
+    history = HistoryDrafter()
+    out: list[list[list[Candidate]]] = []
+    for r in requests:
+        prompt, text = r["prompt"], r["output"]
+        lookup = PromptLookupDrafter()
+        per: list[list[Candidate]] = []
+        for p in range(1, len(text)):
+            ctx = DraftContext(seq=prompt + text[:p], history=store)
+            cands = []
+            for drafter in (history, lookup):
+                prop = drafter.propose(ctx, MAX_DRAFT)
+                if prop.tokens:
+                    cands.append((list(prop.tokens), list(prop.confidences)))
+            per.append(cands)
+        out.append(per)
+        store.record(prompt, text)
+    return out
+
+
+def price(rec: dict[str, Any], curves: dict[str, Curve]) -> dict[str, Any]:
+    cands = candidates(rec["requests"])
+    table: dict[str, Any] = {}
+    for name, curve in curves.items():
+        def cost(n: int, c: Curve = curve) -> float:
+            return pass_cost(c, n)
+        alone = sum(len(r["output"]) - 1 for r in rec["requests"])
+        prefill = sum(cost(r["uncached_prompt"]) for r in rec["requests"]
+                      if r["uncached_prompt"] > 0)
+        drafting = rec.get("draft_ratio", 0.0) * sum(r.get("draft_model_tokens", 0)
+                                                     for r in rec["requests"])
+        ways = {
+            "engine": drafting + sum(cost(int(k) + 1) * c for r in rec["requests"]
+                                     for k, c in r["passes"].items()),
+            "policy": sum(policy_passes(cs, r["output"], cost)
+                          for cs, r in zip(cands, rec["requests"], strict=True)),
+            "bound": sum(bound_passes(cs, r["output"], cost)
+                         for cs, r in zip(cands, rec["requests"], strict=True)),
+        }
+        table[name] = {way: {"passes": round(p, 1), "decode_speedup": round(alone / p, 3),
+                             "trace_speedup": round((alone + prefill) / (p + prefill), 3)}
+                       for way, p in ways.items()}
+        table[name]["alone_passes"] = alone
+        table[name]["prefill_passes"] = round(prefill, 1)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", help="target .gguf (records the trace)")
+    ap.add_argument("--draft", help="draft .gguf (optional: history and lookup need none)")
+    ap.add_argument("--from", dest="source", help="a recording (this script's --json) to "
+                    "price again instead of recording")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--json", help="write the recording and the prices here")
+    args = ap.parse_args(argv)
+    if args.source:
+        try:
+            rec = json.loads(Path(args.source).read_text())["recording"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"trace_model.py: cannot read {args.source}: {exc}", file=sys.stderr)
+            return 2
+    elif args.target:
+        rec = record(args)
+    else:
+        ap.error("give --target (record) or --from (price a recording)")
+    curves: dict[str, Curve] = {"amx-q4_k_m": AMX_Q4, "amx-f16": AMX_F16, "gpu": GPU,
+                                "offload": OFFLOAD}
+    here = {int(k): float(v) for k, v in rec["here"].items()}
+    if 1 in here:
+        curves = {"here": here, **curves}
+    table = price(rec, curves)
+    print(f"{'curve':<12} {'engine':>14} {'policy':>14} {'bound':>14}   (decode / with prefill)")
+    for name, row in table.items():
+        cells = [f"{row[w]['decode_speedup']:.2f}x/{row[w]['trace_speedup']:.2f}x"
+                 for w in ("engine", "policy", "bound")]
+        print(f"{name:<12} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14}")
+    if args.json:
+        from localspec.files import atomic_write
+
+        atomic_write(Path(args.json), json.dumps({"prices": table, "recording": rec}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
