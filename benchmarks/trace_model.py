@@ -16,16 +16,20 @@ cost curve (verification of n tokens as a multiple of a one-token pass):
 * ``policy``: at every step, the free drafters' proposals (history, prompt lookup) with their
   own confidences read as acceptance probabilities, the length that maximises expected tokens
   per pass cost, or a plain step where none beats 1 (a calibrated planner, without near-ties);
-* ``bound``: the fewest passes any drafting from history and prompt lookup could take, knowing
-  where every proposal stops matching (dynamic programming over positions): an upper bound
-  for those two drafters (a draft model can add where its guesses beat them).
+* ``bound``: the fewest passes any chain drafted from history and prompt lookup could take,
+  knowing where every proposal stops matching (dynamic programming over positions): an upper
+  bound for those two drafters' chains (a draft model can add where its guesses beat them, and
+  a tree of their several continuations where a wide pass costs little more than a narrow one).
 
-Curves: ``here`` (the recording's own calibration), ``amx-q4_k_m`` and ``amx-f16`` (issue #27's
-table, measured on a 2-core AMX machine with this pair), and ``gpu``/``offload``
-(``tree_budget.py``'s stated shapes). Speedups are decode-only (tokens after the first over the
-passes' cost) and for the whole trace with prefill (the uncached prompt tokens priced as passes
-of their width, the same on both sides), against the target alone decoding one token a pass.
-History and prompt lookup cost nothing to draft; the draft model's tokens (``engine`` only) are
+Curves: ``here`` (the recording's calibration: this pair's, measured or cached on this
+machine), ``amx-q4_k_m`` and ``amx-f16`` (issue #27's table, measured on a 2-core AMX machine
+with this pair), and ``gpu``/``offload`` (``tree_budget.py``'s stated shapes).
+
+Speedups are decode-only (tokens after the first over the passes' cost) and for the whole trace
+with prefill (the uncached prompt tokens priced as passes of their width up to the curve's
+widest, the same on both sides: a curve that stops at 16 prices a long prompt dearer than
+llama.cpp's 512-token batches), against the target alone decoding one token a pass. History
+and prompt lookup cost nothing to draft; the draft model's tokens (``engine`` only) are
 priced at the draft-to-target cost ratio this run measured, on every curve.
 """
 
