@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 WIDTHS = (1, 8, 16, 32, 64)
+CHILD_TIMEOUT = 900.0  # seconds for one combination: an F16 1.5B takes ~60 s here
 COMBINATIONS = ((False, False), (True, False), (False, True), (True, True))  # (repack, fa)
 
 
@@ -83,13 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         for repack, fa in COMBINATIONS:
             cmd = [sys.executable, __file__, "--target", args.target, "--depth", str(args.depth),
                    "--child", str(int(repack)), str(int(fa))]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                print(f"kernel_settings.py: {_label(repack, fa)} failed: {tail}",
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+                if done.returncode != 0:
+                    raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
+                lines = done.stdout.strip().splitlines()
+                runs[(repack, fa)].append(json.loads(lines[-1] if lines else ""))
+            except (subprocess.TimeoutExpired, RuntimeError, ValueError) as exc:
+                print(f"kernel_settings.py: {_label(repack, fa)} failed: {exc}",
                       file=sys.stderr)
                 return 1
-            runs[(repack, fa)].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     out: dict[str, dict[str, Any]] = {}
     for combo, rs in runs.items():

@@ -29,8 +29,11 @@ Speedups are decode-only (tokens after the first over the passes' cost) and for 
 with prefill (the uncached prompt tokens priced as passes of their width up to the curve's
 widest, the same on both sides: a curve that stops at 16 prices a long prompt dearer than
 llama.cpp's 512-token batches), against the target alone decoding one token a pass. History
-and prompt lookup cost nothing to draft; the draft model's tokens (``engine`` only) are
-priced at the draft-to-target cost ratio this run measured, on every curve.
+and prompt lookup cost nothing to draft. The draft model (``engine`` only) is priced by the
+tokens it drafted, at the draft-to-target cost ratio this run measured, on every curve; its
+prompt prefill and its catch-up on tokens other drafters got accepted are not priced, so on a
+target where the draft model drafts (F16 here) ``engine`` is optimistic. The warm-up request is
+in the index the other requests see, as in the engine.
 """
 
 from __future__ import annotations
@@ -91,10 +94,11 @@ def bound_passes(cands: Sequence[Sequence[Candidate]], out: Sequence[int],
             continue
         best[p + 1] = min(best[p + 1], best[p] + 1.0)
         for tokens, _ in cands[p - 1]:
-            a = matched(tokens, out, p)
-            if a:
-                q = min(n, p + a + 1)
-                best[q] = min(best[q], best[p] + cost(a + 1))
+            # Any matching prefix, not only the whole match: stopping short can land where
+            # another proposal starts, or on a cheaper width.
+            for b in range(1, matched(tokens, out, p) + 1):
+                q = min(n, p + b + 1)
+                best[q] = min(best[q], best[p] + cost(b + 1))
     return best[n]
 
 
@@ -150,7 +154,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         return list(prompt), engine.generate(req), req
 
     with engine:
-        run(agent_trace._WARMUP)  # the first-use calibration, as agent_trace.py does
+        # The first-use calibration, as agent_trace.py does; its answer is in the index too.
+        warm_prompt, warm, _ = run(agent_trace._WARMUP)
         answers: dict[str, str] = {}
         requests = []
         t0 = time.perf_counter()
@@ -171,16 +176,20 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     return {"target": str(args.target), "draft": str(args.draft) if args.draft else None,
             "draft_ratio": round(draft_ratio, 4), "max_tokens": args.max_tokens,
             "seconds": round(time.perf_counter() - t0, 1),
-            "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests}
+            "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests,
+            "warmup": {"prompt": warm_prompt, "output": list(warm.tokens)}}
 
 
-def candidates(requests: Sequence[dict[str, Any]]) -> list[list[list[Candidate]]]:
+def candidates(requests: Sequence[dict[str, Any]],
+               warmup: dict[str, Any] | None = None) -> list[list[list[Candidate]]]:
     """Per request and position, what history and prompt lookup would propose there, with the
-    history index holding the requests before it (as the engine's did)."""
+    history index holding the requests before it (as the engine's did, the warm-up first)."""
     from localspec.engine.drafters import DraftContext, HistoryDrafter, PromptLookupDrafter
     from localspec.engine.history_store import HistoryStore
 
     store = HistoryStore.in_memory()
+    if warmup:
+        store.record(warmup["prompt"], warmup["output"])
     history = HistoryDrafter()
     out: list[list[list[Candidate]]] = []
     for r in requests:
@@ -201,7 +210,7 @@ def candidates(requests: Sequence[dict[str, Any]]) -> list[list[list[Candidate]]
 
 
 def price(rec: dict[str, Any], curves: dict[str, Curve]) -> dict[str, Any]:
-    cands = candidates(rec["requests"])
+    cands = candidates(rec["requests"], rec.get("warmup"))
     table: dict[str, Any] = {}
     for name, curve in curves.items():
         def cost(n: int, c: Curve = curve) -> float:
@@ -241,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.source:
         try:
             rec = json.loads(Path(args.source).read_text())["recording"]
-        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(rec.get("here"), dict) or not isinstance(rec.get("requests"), list):
+                raise ValueError("not a trace_model.py recording")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             print(f"trace_model.py: cannot read {args.source}: {exc}", file=sys.stderr)
             return 2
     elif args.target:

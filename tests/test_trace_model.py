@@ -70,6 +70,20 @@ def test_bound_truncates_a_copy_where_it_stops_matching() -> None:
     assert tm.bound_passes(cands, OUT, cost(STEEP)) == pytest.approx(2.0 + 5.0)
 
 
+def test_bound_may_stop_a_copy_short_to_reach_another() -> None:
+    # A pass of up to 8 tokens costs one; 9 cost a hundred. From position 1 a copy matches 8
+    # tokens (a pass of 9); stopping after 2 lands on position 4, where 7 drafted tokens and
+    # the target's own finish the text in one cheap pass: 2 passes. Taking only whole
+    # matches, the best is 11 plain steps.
+    out = list(range(12))
+    cliff = {1: 1.0, 8: 1.0, 9: 100.0}
+    cands: Cands = [[] for _ in out[1:]]
+    cands[0] = [(out[1:9], [0.9] * 8)]
+    cands[3] = [(out[4:12], [0.9] * 8)]
+    assert tm.bound_passes(cands, out, cost(cliff)) == pytest.approx(2.0)
+    assert tm.policy_passes(cands, out, cost(cliff)) >= 2.0 - 1e-9
+
+
 def test_bound_prefers_plain_steps_where_a_pass_costs_what_its_tokens_do() -> None:
     cands = [[(OUT[p:], [1.0] * (10 - p))] for p in range(1, 10)]
     assert tm.bound_passes(cands, OUT, cost(LINEAR)) == pytest.approx(9.0)
@@ -115,3 +129,7 @@ def test_a_bad_recording_is_one_line_and_exit_2(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err
     assert tm.main(["--from", str(tmp_path / "missing.json")]) == 2
+    bad.write_text('{"recording": [1, 2]}')  # JSON, but not a recording
+    assert tm.main(["--from", str(bad)]) == 2
+    bad.write_text('{"recording": {"here": {}}}')
+    assert tm.main(["--from", str(bad)]) == 2
