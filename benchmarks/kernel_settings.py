@@ -39,6 +39,7 @@ def _child(target: str, repack: bool, flash_attn: bool, depth: int) -> dict[str,
     """One combination in this process: the median ms of a pass at each width."""
     from localspec.benchmarking import BUILTIN_PROMPTS
     from localspec.engine import LlamaRunner, ModelSettings
+    from localspec.engine.calibration import median_times
 
     runner = LlamaRunner(target, ModelSettings(n_ctx=max(2048, depth + 2 * max(WIDTHS)),
                                                flash_attn=flash_attn), extra_bufts=repack)
@@ -48,15 +49,17 @@ def _child(target: str, repack: bool, flash_attn: bool, depth: int) -> dict[str,
         tokens += tokens
     context, tail = tokens[:depth], tokens[depth:depth + max(WIDTHS)]
     runner.decode(context, 1)
-    times: dict[int, list[float]] = {w: [] for w in WIDTHS}
-    for _ in range(5):
-        for w in WIDTHS:
-            t0 = time.perf_counter()
-            runner.decode(tail[:w], w)
-            times[w].append(time.perf_counter() - t0)
-            runner.truncate(depth)
+
+    def timed(w: int) -> float:
+        t0 = time.perf_counter()
+        runner.decode(tail[:w], w)
+        seconds = time.perf_counter() - t0
+        runner.truncate(depth)
+        return seconds
+
+    medians = median_times(timed, WIDTHS, 5)
     runner.close()
-    return {str(w): statistics.median(ts) * 1000 for w, ts in times.items()}
+    return {str(w): seconds * 1000 for w, seconds in medians.items()}
 
 
 def _label(repack: bool, flash_attn: bool) -> str:

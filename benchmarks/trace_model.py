@@ -52,9 +52,6 @@ Curve = dict[int, float]
 # Issue #27's table (2-core AMX machine, this pair, 200-token prefix, repacking off).
 AMX_Q4 = {1: 1.0, 4: 2.47, 8: 2.92, 16: 3.13, 32: 4.60, 64: 8.0}
 AMX_F16 = {1: 1.0, 4: 1.30, 8: 1.72, 16: 2.47, 32: 3.95, 64: 7.43}
-# tree_budget.py's stated shapes (assumptions until a GPU run measures them).
-GPU = {1: 1.0, 16: 1.03, 32: 1.08, 64: 1.18, 128: 1.45, 256: 2.1}
-OFFLOAD = {1: 1.0, 16: 1.01, 32: 1.02, 64: 1.05, 128: 1.15, 256: 1.4}
 MAX_DRAFT = 63  # a copy's longest draft: the engine's widest pass is 64
 
 
@@ -211,15 +208,15 @@ def candidates(requests: Sequence[dict[str, Any]],
 
 def price(rec: dict[str, Any], curves: dict[str, Curve]) -> dict[str, Any]:
     cands = candidates(rec["requests"], rec.get("warmup"))
+    alone = sum(len(r["output"]) - 1 for r in rec["requests"])
+    drafting = rec.get("draft_ratio", 0.0) * sum(r.get("draft_model_tokens", 0)
+                                                 for r in rec["requests"])
     table: dict[str, Any] = {}
     for name, curve in curves.items():
         def cost(n: int, c: Curve = curve) -> float:
             return pass_cost(c, n)
-        alone = sum(len(r["output"]) - 1 for r in rec["requests"])
         prefill = sum(cost(r["uncached_prompt"]) for r in rec["requests"]
                       if r["uncached_prompt"] > 0)
-        drafting = rec.get("draft_ratio", 0.0) * sum(r.get("draft_model_tokens", 0)
-                                                     for r in rec["requests"])
         ways = {
             "engine": drafting + sum(cost(int(k) + 1) * c for r in rec["requests"]
                                      for k, c in r["passes"].items()),
@@ -259,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         rec = record(args)
     else:
         ap.error("give --target (record) or --from (price a recording)")
+    # tree_budget.py's stated shapes (assumptions until a GPU run measures them), the same
+    # curves the tree budgets are priced with.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tree_budget import GPU, OFFLOAD
+
     curves: dict[str, Curve] = {"amx-q4_k_m": AMX_Q4, "amx-f16": AMX_F16, "gpu": GPU,
                                 "offload": OFFLOAD}
     here = {int(k): float(v) for k, v in rec["here"].items()}
