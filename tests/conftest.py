@@ -37,7 +37,8 @@ def repack_verdict(tmp_path_factory: pytest.TempPathFactory,
     pytest's cache folder: building them is most of the self-test's first run."""
     home = tmp_path_factory.mktemp("repack-verdict")
     cache = home / "repack-selftest.json"
-    models = (pytestconfig.cache.mkdir("repack-selftest-models") if pytestconfig.cache
+    cache_plugin = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
+    models = (cache_plugin.mkdir("repack-selftest-models") if cache_plugin
               else home / "models")
     result = repack.run_selftest(repack.selftest_command(models))
     repack.write_cached(cache, repack.build_key(), result)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import TextArea
+from textual.widgets import Input, TextArea
 
 from localspec.chat_store import ChatStore
 from localspec.options import Settings
@@ -52,10 +52,12 @@ async def _settle(pilot: Any, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"no machine sample shown after {timeout}s")
         await pilot.pause(0.02)
-    # A blinking cursor is drawn or not by the time of the capture (CI once caught the prompt's
-    # cursor off): held on, as the snapshots show it.
+    # A blinking cursor is drawn or not by the time of the capture (CI caught the prompt's
+    # cursor off, and the models screen's Input under load): held on, as the snapshots show it.
     for area in app.query(TextArea):
         area.cursor_blink = False
+    for field in app.screen.query(Input):
+        field.cursor_blink = False
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
 
