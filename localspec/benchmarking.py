@@ -3,9 +3,9 @@
 Everything is a ratio from one process and one run: the speculative engine against what a user
 would run instead, on the same target, prompts and settings. "Instead" is llama-cpp-python's own
 generation loop (``Llama.generate`` on the same file) or, with ``baseline="engine"``, this engine
-with drafting off. Runs of the contenders alternate per prompt, so drift in the machine's speed
-hits them alike. Optionally each fixed K runs beside auto (``sweep``) to show how auto compares
-with the best fixed draft length in hindsight.
+with drafting off. Runs of the contenders alternate per prompt, each repeat starting with the
+next contender, so drift in the machine's speed hits them alike. Optionally each fixed K runs
+beside auto (``sweep``) to show how auto compares with the best fixed draft length in hindsight.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from .engine.stats import GenerationStats, drafter_totals
 from .requests import ChatOptions, Prompt, build_request, prompt_tokens
 
 Baseline = Literal["llama-cpp-python", "engine"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,13 @@ def first_difference(engine: SpeculativeEngine, prompt: tuple[int, ...], a: Sequ
             "near_tie": margin < max(engine.tie_margin, 1e-6)}
 
 
+def repeat_order(contenders: Sequence[T], repeat: int) -> list[T]:
+    """The contenders in the order of one repeat: each repeat starts with the next, so none
+    always runs first or last (after another prompt's runs, or before a slow spell)."""
+    n = repeat % len(contenders) if contenders else 0
+    return list(contenders[n:]) + list(contenders[:n])
+
+
 def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: BenchConfig,
               on_step: Callable[[str], None] | None = None,
               llama: Any | None = None) -> dict[str, Any]:
@@ -260,8 +268,8 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
     for prompt in prompts:
         tokens = _prompt_tokens(engine, prompt, cfg.raw)
         res = PromptResult(prompt)
-        for _ in range(cfg.repeats):
-            for c in contenders:
+        for rep in range(cfg.repeats):
+            for c in repeat_order(contenders, rep):
                 # With the history drafter on, every run of a prompt drafts from the index as
                 # it stood before the prompt (the earlier prompts' answers, once each): a
                 # repeat drafting the answer a run before it gave would measure nothing.
@@ -305,6 +313,10 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "decode_speedup": _ratio(spec_dec, base_dec),
         "plain_ttft_seconds": round(m(baseline, "ttft_seconds"), 4),
         "spec_ttft_seconds": round(m("speculative", "ttft_seconds"), 4),
+        # Repeat by repeat (the runs of one repeat are seconds apart): their spread is how far
+        # the median ratio above can be trusted on this machine.
+        "speedup_runs": [_ratio(a.stats.tokens_per_second, b.stats.tokens_per_second)
+                         for a, b in zip(r.runs["speculative"], r.runs[baseline], strict=True)],
         "acceptance_rate": round(m("speculative", "acceptance_rate"), 4),
         "mean_accepted_length": round(m("speculative", "mean_accepted_length"), 3),
         "mean_k": round(m("speculative", "mean_k"), 3),
@@ -444,5 +456,6 @@ def run_remote_bench(remote: Any, prompts: Sequence[BenchPrompt], cfg: BenchConf
         out["speedup"] = None
         for p in out["prompts"]:
             p["speedup"] = p["decode_speedup"] = None
+            p["speedup_runs"] = None
             p["identical"] = None
     return out

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.benchmarking import BenchConfig, BenchPrompt, PromptResult, RunResult, summarize
+from localspec.benchmarking import (
+    BenchConfig,
+    BenchPrompt,
+    PromptResult,
+    RunResult,
+    repeat_order,
+    summarize,
+)
 from localspec.engine.stats import GenerationStats
 
 SWEEP = ["K=2", "K=5"]
@@ -47,3 +54,20 @@ def test_auto_against_one_k_for_every_prompt() -> None:
                                                             abs=1e-3)
     assert sweep["auto_vs_best_overall"] == pytest.approx(24 / 26, abs=1e-3)  # 9 s + 15 s
     assert sweep["auto_vs_best_min"] == pytest.approx(9 / 10, abs=1e-3)
+
+
+def test_speedup_is_also_given_repeat_by_repeat() -> None:
+    # Repeat 2 was slow for both: the paired ratios stay near 2 where the medians alone hide it.
+    res = _prompt("fib", {"plain": [20, 40, 22], "speculative": [10, 21, 11]})
+    p = summarize([res], BenchConfig(repeats=3), baseline="plain")["prompts"][0]
+    assert p["speedup"] == pytest.approx(22 / 11, abs=1e-3)  # medians: 22 s and 11 s
+    assert p["speedup_runs"] == pytest.approx([2.0, 40 / 21, 2.0], abs=1e-3)
+
+
+def test_each_repeat_starts_with_the_next_contender() -> None:
+    names = ["llama-cpp-python", "plain", "speculative"]
+    orders = [repeat_order(names, r) for r in range(4)]
+    assert [o[0] for o in orders] == ["llama-cpp-python", "plain", "speculative",
+                                      "llama-cpp-python"]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert repeat_order([], 3) == []
