@@ -15,14 +15,17 @@ from an empty KV cache, with the index frozen (a run never drafts from the one b
 Reported: tokens/s of each, the paired speedup per round and its median, target passes,
 tokens drafted and accepted per drafter, and whether the text is plain decoding's.
 
-``--tie-margin X`` replaces the engine's near-tie margin (exploration only: below the measured
-drift the text may part from plain decoding, and the script says so).
+``--tie-margin X`` replaces the engine's near-tie margin (exploration only: under twice the
+drift the engine measured at load, recorded as ``drift``, the text may part from plain decoding;
+``identical`` says whether it did).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +39,7 @@ from localspec.benchmarking import (
     EngineContender,
     repeat_order,
 )
-from localspec.engine import DraftSettings
+from localspec.engine import DraftSettings, repack
 from localspec.errors import LocalspecError
 from localspec.loading import EngineSpec, load_engine
 from localspec.requests import prompt_tokens
@@ -70,6 +73,7 @@ def _one_target(target: str, draft: str | None, prompts: list[str], rounds: int,
                     with engine.frozen_history():
                         runs[c.name].append(c.run(toks))
             paired = [round(a.stats.tokens_per_second / p.stats.tokens_per_second, 3)
+                      if p.stats.tokens_per_second else 0.0
                       for a, p in zip(runs["auto"], runs["plain"], strict=True)]
             out[name] = {
                 "tokens": len(answer),
@@ -88,6 +92,9 @@ def _one_target(target: str, draft: str | None, prompts: list[str], rounds: int,
                   f"(runs {paired}), passes {out[name]['auto_target_passes']} for "
                   f"{len(answer)} tokens, identical {out[name]['identical']}", file=sys.stderr)
         out["tie_margin"] = round(engine.tie_margin, 4)  # known once auto has calibrated
+        out["drift"] = (round(engine.calibration.drift, 4)
+                        if engine.calibration is not None else None)
+        out["repack"] = engine.target.repack.describe()
     return out
 
 
@@ -104,12 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.max_tokens < 1:
         ap.error("--rounds and --max-tokens must be at least 1")
+    if args.tie_margin is not None and not (math.isfinite(args.tie_margin)
+                                            and args.tie_margin >= 0):
+        ap.error("--tie-margin must be a number of logits, 0 or more")
+    if args.json and not args.json.parent.is_dir():
+        ap.error(f"--json: no folder {args.json.parent}")
     result: dict[str, Any] = {}
     # A fresh home: no saved calibration, history or prompt states from earlier runs.
     with tempfile.TemporaryDirectory() as home:
-        import os
-
         os.environ["LOCALSPEC_HOME"] = home
+        # This machine's repack verdict first: a background self-test would share the cores
+        # with auto's calibration and the timed runs (as bench and demo wait for it too).
+        repack.settle_before_measuring()
         try:
             for target in args.target:
                 t0 = time.perf_counter()
@@ -121,9 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
     print(text)
+    if args.json:
+        try:
+            args.json.write_text(text + "\n")
+        except OSError as exc:
+            print(f"error: could not write {args.json}: {exc.strerror}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -66,8 +66,17 @@ def test_speedup_is_also_given_repeat_by_repeat() -> None:
 
 def test_each_repeat_starts_with_the_next_contender() -> None:
     names = ["llama-cpp-python", "plain", "speculative"]
-    orders = [repeat_order(names, r) for r in range(4)]
-    assert [o[0] for o in orders] == ["llama-cpp-python", "plain", "speculative",
-                                      "llama-cpp-python"]
-    assert all(sorted(o) == sorted(names) for o in orders)
+    assert [repeat_order(names, r) for r in range(4)] == [
+        ["llama-cpp-python", "plain", "speculative"],
+        ["plain", "speculative", "llama-cpp-python"],
+        ["speculative", "llama-cpp-python", "plain"],
+        ["llama-cpp-python", "plain", "speculative"]]
     assert repeat_order([], 3) == []
+
+
+def test_repeat_by_repeat_speedups_are_against_the_baseline_not_plain() -> None:
+    # The engine's plain decoding ran at its own speed; the speedup is over llama-cpp-python.
+    res = _prompt("fib", {"llama-cpp-python": [20, 30], "plain": [25, 25],
+                          "speculative": [10, 10]})
+    p = summarize([res], BenchConfig(repeats=2), baseline="llama-cpp-python")["prompts"][0]
+    assert p["speedup_runs"] == pytest.approx([2.0, 3.0], abs=1e-3)

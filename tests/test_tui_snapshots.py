@@ -54,10 +54,11 @@ async def _settle(pilot: Any, timeout: float = 20.0) -> None:
         await pilot.pause(0.02)
     # A blinking cursor is drawn or not by the time of the capture (CI caught the prompt's
     # cursor off, and the models screen's Input under load): held on, as the snapshots show it.
-    for area in app.query(TextArea):
-        area.cursor_blink = False
-    for field in app.screen.query(Input):
-        field.cursor_blink = False
+    for screen in app.screen_stack:
+        for widget in screen.query(TextArea):
+            widget.cursor_blink = False
+        for field in screen.query(Input):
+            field.cursor_blink = False
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
 
