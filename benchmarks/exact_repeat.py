@@ -37,6 +37,7 @@ from localspec.benchmarking import (
     BUILTIN_PROMPTS,
     BenchConfig,
     EngineContender,
+    paired_speedups,
     repeat_order,
 )
 from localspec.engine import DraftSettings, repack
@@ -72,9 +73,7 @@ def _one_target(target: str, draft: str | None, prompts: list[str], rounds: int,
                 for c in repeat_order([plain, auto], r):
                     with engine.frozen_history():
                         runs[c.name].append(c.run(toks))
-            paired = [round(a.stats.tokens_per_second / p.stats.tokens_per_second, 3)
-                      if p.stats.tokens_per_second else 0.0
-                      for a, p in zip(runs["auto"], runs["plain"], strict=True)]
+            paired = paired_speedups(runs["auto"], runs["plain"])
             out[name] = {
                 "tokens": len(answer),
                 "plain_tokens_per_second": [round(x.stats.tokens_per_second, 2)
@@ -82,7 +81,7 @@ def _one_target(target: str, draft: str | None, prompts: list[str], rounds: int,
                 "auto_tokens_per_second": [round(x.stats.tokens_per_second, 2)
                                            for x in runs["auto"]],
                 "speedup_runs": paired,
-                "speedup": statistics.median(paired),
+                "speedup": statistics.median(x or 0.0 for x in paired),
                 "auto_target_passes": [x.stats.target_passes for x in runs["auto"]],
                 "drafters": [{n: [d.drafted, d.accepted] for n, d in x.stats.drafters.items()}
                              for x in runs["auto"]],

@@ -188,6 +188,14 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
+def paired_speedups(runs: Sequence[RunResult], over: Sequence[RunResult]) -> list[float | None]:
+    """Each run's tokens/s over its partner's of the same repeat (seconds apart, so a machine
+    that slows for a while moves both): their spread is how far a median ratio can be trusted
+    on this machine."""
+    return [_ratio(a.stats.tokens_per_second, b.stats.tokens_per_second)
+            for a, b in zip(runs, over, strict=True)]
+
+
 def _asked(prompt: BenchPrompt, raw: bool) -> Prompt:
     """A prompt as every contender is asked it: its text (raw) or one user message."""
     return prompt.text if raw else [{"role": "user", "content": prompt.text}]
@@ -313,10 +321,7 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "decode_speedup": _ratio(spec_dec, base_dec),
         "plain_ttft_seconds": round(m(baseline, "ttft_seconds"), 4),
         "spec_ttft_seconds": round(m("speculative", "ttft_seconds"), 4),
-        # Repeat by repeat (the runs of one repeat are seconds apart): their spread is how far
-        # the median ratio above can be trusted on this machine.
-        "speedup_runs": [_ratio(a.stats.tokens_per_second, b.stats.tokens_per_second)
-                         for a, b in zip(r.runs["speculative"], r.runs[baseline], strict=True)],
+        "speedup_runs": paired_speedups(r.runs["speculative"], r.runs[baseline]),
         "acceptance_rate": round(m("speculative", "acceptance_rate"), 4),
         "mean_accepted_length": round(m("speculative", "mean_accepted_length"), 3),
         "mean_k": round(m("speculative", "mean_k"), 3),
@@ -343,14 +348,10 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
     if sweep:
         fixed = {name: round(m(name, "tokens_per_second"), 3) for name in sweep}
         best = max(fixed, key=lambda n: fixed[n])
-        # Repeat by repeat: each auto run beside the best K's run of the same round, minutes
-        # apart at most, so a machine that slows down for a while moves both. Their spread is
-        # how far one median ratio can be trusted on this machine.
-        paired = [_ratio(a.stats.tokens_per_second, b.stats.tokens_per_second)
-                  for a, b in zip(r.runs["speculative"], r.runs[best], strict=True)]
         out["sweep"] = {"tokens_per_second": fixed, "best": best,
                         "auto_vs_best": _ratio(spec_tps, fixed[best]),
-                        "auto_vs_best_runs": paired}
+                        "auto_vs_best_runs": paired_speedups(r.runs["speculative"],
+                                                             r.runs[best])}
     return out
 
 
