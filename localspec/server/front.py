@@ -31,6 +31,7 @@ from ..errors import LocalspecError
 from .access import authorize, read_body
 from .config import ServerConfig
 from .engine_process import END_GRACE_SECONDS, EngineProcess, ProcessEnd
+from .loop_errors import ignore_cancelled_future_results
 from .openai_schema import ApiError, error_body, sse
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ def create_front_app(process: EngineProcess, config: ServerConfig, *,
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     front: Front = app.state.front
+    ignore_cancelled_future_results(asyncio.get_running_loop())
     task = asyncio.create_task(front.supervisor.run())
     try:
         yield
