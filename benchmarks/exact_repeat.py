@@ -9,7 +9,9 @@ and how often batched verification meets a near-tie it may not decide (the engin
         [--draft D.gguf] [--prompt fib --prompt sql] [--rounds 3] [--json OUT]
 
 Per target and prompt: the engine's plain decoding answers once (not timed) and the answer is
-recorded into a fresh in-memory index as the prompt's earlier answer; then, ``--rounds`` times,
+recorded into a fresh in-memory index as the prompt's earlier answer; auto then answers once
+(not timed), recording its answer with the near-ties it met (``history_index``'s marks; the
+same document where its text is plain decoding's); then, ``--rounds`` times,
 plain decoding and auto with the history on run in turn (each round starting with the other),
 from an empty KV cache, with the index frozen (a run never drafts from the one before it).
 Reported: tokens/s of each, the paired speedup per round and its median, target passes,
@@ -66,8 +68,11 @@ def _one_target(target: str, draft: str | None, prompts: list[str], rounds: int,
             toks = prompt_tokens(engine, [{"role": "user", "content": bp.text}])
             with engine.frozen_history():
                 answer = plain.run(toks).tokens
-                auto.run(toks)  # not counted: auto calibrates once, first graphs are built
             engine.history.record(toks, answer)
+            # Not counted: auto calibrates once and first graphs are built. It records its
+            # answer, the same one where it did not part from plain decoding, with the marks
+            # of the near-ties it met, as a request served with the history on would.
+            auto.run(toks)
             runs: dict[str, list[Any]] = {"plain": [], "auto": []}
             for r in range(rounds):
                 for c in repeat_order([plain, auto], r):

@@ -4,13 +4,17 @@ a stale or damaged file."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import stat
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from localspec.engine.history_index import HistoryIndex
+from localspec.engine.history_index import MARK_CLEAR, MARK_TIED, HistoryIndex
 
 
 def test_the_longest_match_wins_over_a_more_recent_shorter_one() -> None:
@@ -145,3 +149,77 @@ def test_loading_respects_a_smaller_limit(tmp_path: Path) -> None:
     assert small.n_documents == 2
     assert small.lookup([40, 41, 42], budget=1) is not None
     assert small.lookup([0, 1, 2], budget=1) is None
+
+
+# -- near-tie marks ----------------------------------------------------------------------------
+def test_marks_follow_their_tokens_through_lookup_merge_and_eviction() -> None:
+    index = HistoryIndex("v", max_tokens=16)
+    index.add([1, 2, 3, 4, 5, 6], [0, 0, 0, MARK_CLEAR, MARK_TIED, MARK_CLEAR])
+    found = index.lookup([1, 2, 3], budget=3)
+    assert found is not None and found.tokens == (4, 5, 6)
+    assert found.marks == (MARK_CLEAR, MARK_TIED, MARK_CLEAR)
+    # Two matches agree on 4 5 and part at the third token: each token's mark is the most
+    # recent agreeing match's.
+    index.add([9, 1, 2, 3, 4, 5, 7], [0, 0, 0, 0, MARK_TIED, MARK_CLEAR, MARK_CLEAR])
+    found = index.lookup([1, 2, 3], budget=3)
+    assert found is not None and found.tokens[:2] == (4, 5)
+    assert found.marks[:2] == (MARK_TIED, MARK_CLEAR)
+    # The oldest document goes; the marks of the one kept stay with its tokens.
+    index.add([20, 21, 22, 23, 24, 25], [MARK_TIED] * 6)
+    assert index.n_documents == 2
+    docs = list(index.marked_documents())
+    assert [d.tolist() for d, _ in docs] == [[9, 1, 2, 3, 4, 5, 7], [20, 21, 22, 23, 24, 25]]
+    assert docs[0][1].tolist() == [0, 0, 0, 0, MARK_TIED, MARK_CLEAR, MARK_CLEAR]
+    assert docs[1][1].tolist() == [MARK_TIED] * 6
+
+
+def test_a_held_document_written_again_takes_the_new_marks() -> None:
+    """Recorded first by plain decoding (nothing marked), then by a drafting run."""
+    index = HistoryIndex("v")
+    assert index.update([1, 2, 3, 4, 5]) == "added"
+    assert index.update([1, 2, 3, 4, 5]) == ""
+    assert index.update([1, 2, 3, 4, 5], [0, 0, 0, MARK_TIED, 0]) == "remarked"
+    assert index.update([1, 2, 3, 4, 5], [0, 0, 0, 0, MARK_CLEAR]) == "remarked"
+    assert not index.add([1, 2, 3, 4, 5], [0, 0, 0, MARK_TIED, MARK_CLEAR])  # nothing new
+    found = index.lookup([1, 2, 3], budget=2)
+    assert found is not None and found.marks == (MARK_TIED, MARK_CLEAR)
+    with pytest.raises(ValueError, match="3 marks for 5 tokens"):
+        index.add([1, 2, 3, 4, 6], [0, 0, 0])
+
+
+def test_marks_persist_and_a_format_1_file_loads_with_none(tmp_path: Path) -> None:
+    path = tmp_path / "h.idx"
+    index = HistoryIndex("v")
+    index.add([1, 2, 3, 4, 5], [0, 0, MARK_CLEAR, MARK_TIED, MARK_CLEAR])
+    index.save(path)
+    back = HistoryIndex.load(path, "v")
+    assert back.restored
+    assert [m.tolist() for _, m in back.marked_documents()] == [[0, 0, 1, 2, 1]]
+    # The format before marks: tokens and lengths only, every mark unknown once read.
+    tokens = np.array([1, 2, 3, 4, 5, -1], "<i4").tobytes()
+    body = tokens + np.array([5], "<i8").tobytes()
+    meta = json.dumps({"format": 1, "vocabulary": "v", "tokens": 6, "documents": 1,
+                       "sha256": hashlib.sha256(body).hexdigest(), "epoch": "e"}).encode()
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(meta)) + meta + body)
+    old = HistoryIndex.load(path, "v")
+    assert old.restored and old.n_documents == 1
+    assert [m.tolist() for _, m in old.marked_documents()] == [[0, 0, 0, 0, 0]]
+    found = old.lookup([1, 2, 3], budget=2)
+    assert found is not None and found.tokens == (4, 5)
+
+
+def test_a_file_with_impossible_marks_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "h.idx"
+    index = HistoryIndex("v")
+    index.add([1, 2, 3, 4, 5], [0, 0, 0, 1, 2])
+    index.save(path)
+    raw = bytearray(path.read_bytes())
+    raw[-2] = 7  # a mark that does not exist, checksum made to match
+    head_end = raw.index(b"}") + 1
+    meta = json.loads(raw[len(b"LSHIST1\n") + 4:head_end])
+    body = bytes(raw[head_end:])
+    meta["sha256"] = hashlib.sha256(body).hexdigest()
+    blob = json.dumps(meta).encode()
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(blob)) + blob + body)
+    back = HistoryIndex.load(path, "v")
+    assert not back.restored and back.n_documents == 0

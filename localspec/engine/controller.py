@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from . import drafters, tree_planner
 from .drafters import Proposal
+from .history_index import MARK_CLEAR, MARK_TIED
 from .tree_planner import TreePlan
 
 N_BINS = 10
@@ -442,29 +443,36 @@ class PeekSchedule:
 
 
 def _step_outcomes(probs: Sequence[float], costs: CostModel,
-                   tie: float) -> Iterator[tuple[int, float, float]]:
+                   tie: float | Sequence[float]) -> Iterator[tuple[int, float, float]]:
     """(n, expected tokens, target seconds) of verifying the first n = 0 .. len(probs) drafted
     tokens, the i-th accepted with probability ``probs[i]`` given the ones before.
 
     A step yields 1 + p1 + p1*p2 + ... tokens on average (Leviathan et al.), each p scaled by
     the chance ``1 - tie`` that its position is not a near-tie. A tie yields what a rejection
     would (the accepted prefix, then the tied position from a one-token pass), so the count
-    stands; the extra pass, taken with probability tie * expected, costs a single step.
+    stands; the extra pass, taken with probability tie * (the chance of reaching the position),
+    costs a single step. ``tie`` is one rate for every position or, where the positions are
+    known (a copy from the history index: see ``tie_rates``), one per position: the drafted
+    tokens' and then the one after the last (len(probs) + 1).
 
     O(n), one pass, shared by every decision the controller makes per step; it reads the cost
     table directly and stays inline because it runs per drafted token, at GPU step rates."""
     table = costs.target
-    widest, tie_step = len(table) - 1, tie * table[1]
-    keep = 1.0 - tie
+    widest, t1 = len(table) - 1, table[1]
+    ties = None if isinstance(tie, (int, float)) else tie
+    rate = 0.0 if ties is not None else float(tie)  # type: ignore[arg-type]
     expected, prefix = 1.0, 1.0
+    tied = ties[0] if ties is not None else rate  # P(a tie) summed over the positions reached
     for n in range(len(probs) + 1):
         if n:
-            prefix *= keep * probs[n - 1]
+            here = ties[n - 1] if ties is not None else rate
+            prefix *= (1.0 - here) * probs[n - 1]
             expected += prefix
+            tied += prefix * (ties[n] if ties is not None else rate)
         # Past the chain table (a free draft longer than k_max) the measured wide passes price
         # it: the table's last width would make every longer draft look free.
         seconds = table[n + 1] if n < widest else costs.verify(n + 1)
-        yield n, expected, seconds + tie_step * expected
+        yield n, expected, seconds + t1 * tied
 
 
 def _step_rates(probs: Sequence[float], costs: CostModel,
@@ -474,7 +482,8 @@ def _step_rates(probs: Sequence[float], costs: CostModel,
         yield n, expected / (seconds + costs.drafting(n))
 
 
-def _best_prefix(probs: list[float], costs: CostModel, tie: float = 0.0) -> tuple[int, float]:
+def _best_prefix(probs: list[float], costs: CostModel,
+                 tie: float | Sequence[float] = 0.0) -> tuple[int, float]:
     """(n, rate): the prefix length n of ``probs`` (drafted for free, as by prompt lookup) whose
     verification is expected to yield the most tokens per second."""
     best_n, best = 0, -1.0
@@ -658,10 +667,31 @@ class DraftController:
     # (pricing them all took ~0.1 ms a drafter, per plain step too).
     REACH_FLOOR = 1e-3
 
+    # P(a near-tie at a position a copy from the history index holds) by the mark the target
+    # left there when it wrote it (see history_index): a copy meets its ties where they were.
+    # Not certain either way: the batched passes that wrote this request's KV cache move
+    # logits by up to the margin drift (a third of the guard on Q4_K_M here).
+    MARKED_TIE_RATES = {MARK_CLEAR: 0.02, MARK_TIED: 0.8}
+
+    def tie_rates(self, prop: Proposal) -> float | list[float]:
+        """The near-tie rate at each position a free draft's verification decides (its
+        tokens', then the one after): by their marks where known, else the running rate."""
+        if not prop.marks:
+            return self.ties.rate
+        rate = self.ties.rate
+        # A clear mark never makes a position look likelier tied than the running rate (an
+        # F16 target's, ~0, priced copies short at 0.02: 2.65x instead of 3.16x on sql).
+        known = {MARK_CLEAR: min(rate, self.MARKED_TIE_RATES[MARK_CLEAR]),
+                 MARK_TIED: self.MARKED_TIE_RATES[MARK_TIED]}
+        rates = [known.get(m, rate) for m in prop.marks[:len(prop.tokens) + 1]]
+        rates += [rate] * (len(prop.tokens) + 1 - len(rates))
+        return rates
+
     def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
+        ties = self.tie_rates(prop)
         if len(prop.confidences) != len(prop.tokens):
             rate = self.acceptance[prop.source].rate
-            return _best_prefix([rate] * len(prop.tokens), self.costs, tie=self.ties.rate)
+            return _best_prefix([rate] * len(prop.tokens), self.costs, tie=ties)
         probs: list[float] = []
         seen: dict[float, float] = {}
         reach = 1.0
@@ -673,7 +703,9 @@ class DraftController:
             reach *= p
             if reach < self.REACH_FLOOR:
                 break
-        return _best_prefix(probs, self.costs, tie=self.ties.rate)
+        if not isinstance(ties, float):
+            ties = ties[:len(probs) + 1]
+        return _best_prefix(probs, self.costs, tie=ties)
 
     # -- token trees --------------------------------------------------------------------------
     # A tree must beat the best chain by this much: its sibling rates are learned slowly, and

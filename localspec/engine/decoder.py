@@ -36,6 +36,7 @@ from .drafters import (
     TreeRequest,
 )
 from .drafters.proposal import Children
+from .history_index import MARK_CLEAR, MARK_TIED, MARK_UNKNOWN
 from .history_store import HistoryStore
 from .llama_backend import LlamaRunner, ModelSettings, max_branches
 from .sampling import (
@@ -135,6 +136,9 @@ class _Run:
     plain_next: bool = False
     # After a plain step auto chose: whether its position was a near-tie (None: not measured).
     plain_tie: bool | None = None
+    # Per output token, what the target's choice there was (``history_index.MARK_*``): kept
+    # with the answer in the history index, where a copy of it meets the same near-ties.
+    marks: list[int] = field(default_factory=list)
     calibration_decode_seconds: float = 0.0
     calibration_decode_calls: int = 0
 
@@ -458,7 +462,9 @@ class SpeculativeEngine:
             k = len(prop.tokens)
             if not prop.is_chain or prop.is_mixed:  # a chain of two drafters' nodes too
                 new, n_acc = self._tree_step(run, controller, prop)
-                yield from self._emit(run, new, n_drafted=n_acc)
+                # Every position a tree step decides, it decides clear of a near-tie.
+                yield from self._emit(run, new, n_drafted=n_acc,
+                                      mark=MARK_CLEAR if self.tie_margin > 0 else MARK_UNKNOWN)
                 continue
             t0 = time.perf_counter()
             activity.report("verifying" if k else "decoding", self.target.path)
@@ -470,6 +476,7 @@ class SpeculativeEngine:
             t0 = time.perf_counter()
             n_acc, nxt = self._verify(run, prop, logits, watch_tie=not run.plain_next)
             run.stats.sample_seconds += time.perf_counter() - t0
+            mark = self._mark(run, k)
             run.plain_next = nxt is None
             if k:
                 # An undecided near-tie is neither an acceptance nor a rejection.
@@ -484,7 +491,7 @@ class SpeculativeEngine:
                 controller.observe_plain_step(tied=run.plain_tie)
             run.stats.k_counts[k] += 1
             new = prop.tokens[:n_acc] + ([nxt] if nxt is not None else [])
-            yield from self._emit(run, new, n_drafted=n_acc)
+            yield from self._emit(run, new, n_drafted=n_acc, mark=mark)
 
         activity.idle()
         for chunk in run.text.finish():
@@ -498,7 +505,7 @@ class SpeculativeEngine:
         run.stats.decode_calls = (self._decode_calls() - calls_before
                                   - run.calibration_decode_calls)
         if self.history is not None and req.draft.history:
-            self.history.record(req.prompt_tokens, run.out)
+            self.history.record(req.prompt_tokens, run.out, run.marks)
         yield Finished(text=run.text.text, tokens=tuple(run.out), finish_reason=run.reason,
                        stats=run.stats)
 
@@ -854,13 +861,28 @@ class SpeculativeEngine:
             return k, choice.token
         return k, sample(candidates(logits[k], hist, sp), run.rng)
 
-    def _emit(self, run: _Run, tokens: list[int], n_drafted: int) -> Iterator[TextChunk]:
+    def _mark(self, run: _Run, k: int) -> int:
+        """The mark of the tokens a chain step of ``k`` drafted tokens just decided (before
+        ``run.plain_next`` moves on): the position a near-tie left is tied; a verification
+        with the guard, or a plain step auto watched, says whether each was clear."""
+        if run.plain_next:
+            return MARK_TIED
+        if k:
+            guarded = run.rule in ("greedy", "coupled") and self.tie_margin > 0
+            return MARK_CLEAR if guarded else MARK_UNKNOWN
+        if run.plain_tie is None:
+            return MARK_UNKNOWN
+        return MARK_TIED if run.plain_tie else MARK_CLEAR
+
+    def _emit(self, run: _Run, tokens: list[int], n_drafted: int,
+              mark: int = MARK_UNKNOWN) -> Iterator[TextChunk]:
         for i, tok in enumerate(tokens):
             if self.target.is_eog(tok):
                 run.reason = "stop"
                 return
             run.seq.append(tok)
             run.out.append(tok)
+            run.marks.append(mark)
             run.stats.completion_tokens += 1
             yield from run.text.feed(self.target.piece(tok), i < n_drafted)
             if run.text.stopped:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .history_index import Continuation, ContinuationTree, HistoryIndex
+from .history_index import MARK_UNKNOWN, Continuation, ContinuationTree, HistoryIndex
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,17 @@ class HistoryStore:
                     max_nodes: int) -> ContinuationTree | None:
         return self.index.lookup_tree(context, depth, max_nodes)
 
-    def record(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        """One finished request: the end of its prompt and its output."""
+    def record(self, prompt: Sequence[int], output: Sequence[int],
+               marks: Sequence[int] | None = None) -> None:
+        """One finished request: the end of its prompt and its output, with the output
+        tokens' marks (``history_index.MARK_*``: None, all unknown)."""
         if not output:
             return
-        doc = [*prompt[-self.prompt_tail:], *output] if self.prompt_tail else list(output)
+        tail = list(prompt[-self.prompt_tail:]) if self.prompt_tail else []
+        doc = [*tail, *output]
+        doc_marks = None if marks is None else [MARK_UNKNOWN] * len(tail) + list(marks)
         with self._lock:
-            if self.index.add(doc):
+            if self.index.update(doc, doc_marks):
                 self._changed()
 
     def seed(self, documents: Iterable[Sequence[int]]) -> int:

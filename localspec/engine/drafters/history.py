@@ -10,6 +10,7 @@ a file, a tool call in a fixed schema, "the same again with one change"), right 
 
 from __future__ import annotations
 
+from ..history_index import MARK_TIED
 from .base import DraftContext, Drafter
 from .proposal import Proposal, TreeRequest
 
@@ -35,14 +36,24 @@ class HistoryDrafter(Drafter):
     def propose(self, ctx: DraftContext, budget: int) -> Proposal:
         if budget <= 0 or ctx.history is None:
             return Proposal(source=self.name)
-        found = ctx.history.lookup(ctx.seq, budget)
+        # One token past the budget: its mark says whether the position after the draft was
+        # a near-tie.
+        found = ctx.history.lookup(ctx.seq, budget + 1)
         if found is None:
             return Proposal(source=self.name)
         n = next((i for i, share in enumerate(found.agreement)
                   if i and share < self.MIN_AGREEMENT), len(found.tokens))
+        n = min(n, budget)
+        marks = list(found.marks[:n + 1]) if found.marks else []
+        if MARK_TIED in marks[:n]:
+            # Where the target met a near-tie before, batched verification stops again (a
+            # one-token pass decides it): tokens past it would be checked for nothing.
+            n = marks.index(MARK_TIED)
+            del marks[n + 1:]
         length = self._discount(found.match_length)
         return Proposal(source=self.name, tokens=list(found.tokens[:n]),
-                        confidences=[share * length for share in found.agreement[:n]])
+                        confidences=[share * length for share in found.agreement[:n]],
+                        marks=marks)
 
     def propose_tree(self, ctx: DraftContext, request: TreeRequest) -> Proposal:
         """Where the earlier matches went different ways (a file revised one change at a

@@ -81,6 +81,10 @@ class Proposal:
     # Each node's drafter where another's branches were grafted in (``graft``); empty: every
     # node is ``source``'s.
     node_sources: list[str] = field(default_factory=list)
+    # A chain's marks from the history index (``history_index.MARK_*``), one per drafted
+    # token and one for the position after the last: what the target's choice there was when
+    # it wrote these tokens before (a near-tie, or clear). Empty: not known.
+    marks: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.tokens and not self.confidences:
@@ -116,6 +120,7 @@ class Proposal:
         del self.estimates[n:]
         del self.parents[n:]
         del self.node_sources[n:]
+        del self.marks[n + 1:]
         if self.dists is not None:
             del self.dists[n:]
         self._drop_single_source()
