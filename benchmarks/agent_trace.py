@@ -316,6 +316,7 @@ def summarize(runs: dict[str, list[Result]]) -> dict[str, Any]:
                              "prefill_seconds": round(_prefill(r), 3),
                              "drafters": r.stats.get("drafters"),
                              "tokens_per_target_pass": r.stats.get("tokens_per_target_pass"),
+                             "tie_stops": r.stats.get("tie_stops"),
                              # the text, so a run that parts from the target alone can be
                              # diagnosed afterwards (where, and at what margin)
                              "text": r.text}

@@ -485,6 +485,7 @@ class SpeculativeEngine:
                 run.stats.drafted += k
                 run.stats.accepted += n_acc
                 run.stats.draft_rounds += 1
+                run.stats.tie_stops += nxt is None
                 run.stats.count_round(prop.source, k, n_acc)
                 run.by_name[prop.source].observe(prop, n_acc)
             else:
@@ -540,6 +541,7 @@ class SpeculativeEngine:
         s.accepted += len(path)
         s.draft_rounds += 1
         s.tree_rounds += 1
+        s.tie_stops += nxt is None
         s.merged_rounds += prop.is_mixed
         for name, (drafted, accepted) in prop.counts_by_source(path).items():
             s.count_round(name, drafted, accepted)

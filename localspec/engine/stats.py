@@ -39,6 +39,10 @@ class GenerationStats:
     # of those drafters counts the round in its own ``drafters`` entry.
     merged_rounds: int = 0
     target_passes: int = 0
+    # Verification steps that drafted and stopped at a near-tie the batched logits could not
+    # decide (the position then costs a one-token pass): what keeps a quantized target on a
+    # CPU from long drafts however right they are.
+    tie_stops: int = 0
     # Tokens the draft model produced (before auto trimmed what it would not verify), and the
     # seconds of that drafting outside llama_decode: its host cost, what a GPU exposes.
     draft_model_tokens: int = 0
@@ -160,6 +164,7 @@ class GenerationStats:
             "lookup_rounds": self.lookup_rounds,
             "drafters": {name: d.to_json() for name, d in self.drafters.items()},
             "target_passes": self.target_passes,
+            "tie_stops": self.tie_stops,
             "mean_k": round(self.mean_k, 3),
             "k_counts": {str(k): v for k, v in sorted(self.k_counts.items())},
             "prefill_seconds": round(self.prefill_seconds, 4),
@@ -187,7 +192,7 @@ class GenerationStats:
                                          "completion_tokens", "drafted",
                                          "accepted", "draft_rounds", "target_passes",
                                          "decode_calls", "tree_rounds", "draft_model_tokens",
-                                         "merged_rounds")
+                                         "merged_rounds", "tie_stops")
                     if isinstance(data.get(f), int)}
         timers = {f: float(data[f]) for f in ("prefill_seconds", "draft_seconds",
                                               "verify_seconds", "sample_seconds",
@@ -214,7 +219,9 @@ class GenerationStats:
             + (f" ({self.prompt_cached_tokens} of {self.prompt_tokens} prompt tokens cached)"
                if self.prompt_cached_tokens else "")
             + f", drafted {self.drafted}, accepted "
-            f"{self.accepted} ({self.acceptance_rate:.0%}), mean accepted length "
+            f"{self.accepted} ({self.acceptance_rate:.0%})"
+            + (f", {self.tie_stops} stopped at near-ties" if self.tie_stops else "")
+            + ", mean accepted length "
             f"{self.mean_accepted_length:.2f}, mean K {self.mean_k:.2f}, "
             f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s / "
             f"sampling {self.sample_seconds:.2f}s, host {self.host_ms_per_token:.2f} ms/token "
