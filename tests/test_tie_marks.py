@@ -12,9 +12,10 @@ from localspec import history
 from localspec.engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
 from localspec.engine.calibration import Calibration
 from localspec.engine.controller import CostModel, DraftController, NearTieRate
-from localspec.engine.drafters import DraftContext, HistoryDrafter, Proposal
+from localspec.engine.drafters import DraftContext, HistoryDrafter, Proposal, TreeRequest
 from localspec.engine.history_index import MARK_CLEAR, MARK_TIED, MARK_UNKNOWN
 from localspec.engine.history_store import HistoryStore
+from localspec.engine.stats import GenerationStats
 
 from .engine_helpers import PROMPTS
 
@@ -45,6 +46,26 @@ def test_a_copy_stops_just_before_a_known_near_tie() -> None:
     past = HistoryDrafter().propose(DraftContext(seq=[3, 10, 11, 12], history=ctx.history),
                                     budget=1)
     assert past.tokens == [13] and past.marks == [MARK_CLEAR, MARK_CLEAR]
+
+
+def test_each_branch_of_a_history_tree_ends_just_before_its_first_known_near_tie() -> None:
+    store = HistoryStore.in_memory("v", max_tokens=1000)
+    c, t = MARK_CLEAR, MARK_TIED
+    store.index.add([1, 7, 8, 9, 10, 11, 12, 13], [c, c, c, c, c, c, t, c])  # tied at 12
+    store.index.add([5, 7, 8, 9, 20, 21, 22, 23], [c, c, c, c, c, c, c, c])
+    store.index.add([6, 7, 8, 9, 30, 31, 32], [c, c, c, c, t, c, c])  # tied at its first
+    tree = store.index.lookup_tree([7, 8, 9], depth=4, max_nodes=16)
+    assert tree is not None
+    paths: dict[int, tuple[int, ...]] = {}
+    for i, (tok, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        paths[i] = (*paths[parent], tok) if parent >= 0 else (tok,)
+    leaves = {paths[i] for i in paths if i not in tree.parents}
+    assert leaves == {(10, 11), (20, 21, 22, 23)}
+    # The drafter's tree holds the same ways.
+    request = TreeRequest(nodes=16, depth=4, branches=4, width=1, floor=0.0,
+                          estimate=lambda conf: conf)
+    prop = HistoryDrafter().propose_tree(DraftContext(seq=[4, 7, 8, 9], history=store), request)
+    assert sorted(prop.tokens) == [10, 11, 20, 21, 22, 23]
 
 
 def _controller(tie_rate: float) -> DraftController:
@@ -83,6 +104,60 @@ def test_a_copy_ending_at_a_known_tie_is_priced_with_the_one_token_pass_it_leave
     # The same tokens, but the tied position's comes from a second, one-token pass where
     # the drafted ones are all accepted: dearer, and at most by that whole pass.
     assert rate_clear * verify / (verify + t1) <= rate_tied < rate_clear
+
+
+def test_marked_tie_rates_learn_from_what_the_marked_positions_met() -> None:
+    ties = NearTieRate()
+    clear0, tied0 = ties.marked_rate(MARK_CLEAR), ties.marked_rate(MARK_TIED)
+    assert clear0 is not None and tied0 is not None and clear0 < tied0
+    assert ties.marked_rate(MARK_UNKNOWN) is None
+    # Positions marked tied that a later guard (a narrower drift) decides in one pass: each
+    # copy's last position, marked tied, is verified clear.
+    for _ in range(30):
+        ties.observe_marked([MARK_CLEAR] * 5 + [MARK_TIED], 6, tied=False)
+    learned_tied = ties.marked_rate(MARK_TIED)
+    assert learned_tied is not None and learned_tied < tied0 / 2
+    # Clear-marked positions that tie: the clear rate rises.
+    for _ in range(30):
+        ties.observe_marked([MARK_CLEAR] * 3, 3, tied=True)
+    learned_clear = ties.marked_rate(MARK_CLEAR)
+    assert learned_clear is not None and learned_clear > 2 * clear0
+
+
+def test_a_tie_is_counted_against_the_mark_of_the_position_it_met() -> None:
+    ties = NearTieRate()
+    tied0 = ties.marked_rate(MARK_TIED)
+    # The copy ran to its document's end: the position after (where the tie was) has no
+    # mark, so the marked positions before it, all accepted, count as clear.
+    for _ in range(20):
+        ties.observe_marked([MARK_TIED, MARK_TIED], 3, tied=True)
+    after = ties.marked_rate(MARK_TIED)
+    assert tied0 is not None and after is not None and after < tied0
+
+
+def test_auto_prices_marked_positions_by_the_rates_it_learned() -> None:
+    ties = NearTieRate(prior=0.0)
+    # A flat curve: the whole copy is worth verifying, so its last position's rate counts.
+    flat = CostModel.from_measurements({1: 0.010, 2: 0.0101, 13: 0.0105, 16: 0.0106}, 12, 0.005)
+    ctl = DraftController(flat, 12, ties=ties)
+    ends_tied = _copy(3, [MARK_CLEAR] * 3 + [MARK_TIED])
+    before = ctl.tie_rates(ends_tied)
+    assert isinstance(before, list) and before[-1] == pytest.approx(0.8)
+    # Copies whose tied-marked last position was decided in one pass, verified through the
+    # controller as the decoder reports them; a second request's controller shares the rates.
+    for _ in range(40):
+        ctl.observe(ends_tied, n_verified=3, n_accepted=3, tied=False)
+    ctl.end_request()
+    later = DraftController(ctl.costs, 12, ties=ties)
+    after = later.tie_rates(ends_tied)
+    assert isinstance(after, list) and after[-1] < 0.3
+    # The same copy is worth more than to a controller that knows only the priors.
+    fresh = DraftController(ctl.costs, 12, ties=NearTieRate(prior=0.0))
+    n_later, rate_later = later._free_prefix(ends_tied)
+    n_fresh, rate_fresh = fresh._free_prefix(ends_tied)
+    # Priced by the prior, the copy stops short of its tied-marked position's pass; priced
+    # by what was learned, it is verified whole and worth more.
+    assert n_fresh < n_later == 3 and rate_later > rate_fresh
 
 
 def _one_token_margins(eng: SpeculativeEngine, prompt: list[int], n: int) -> tuple[list[int],
@@ -133,15 +208,24 @@ def test_an_answer_is_recorded_with_the_near_ties_its_target_met(
     assert MARK_TIED in marks and MARK_CLEAR in marks
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chains", "trees"])
 def test_a_repeat_never_drafts_across_a_position_marked_tied(
-        target_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tree: bool, target_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = HistoryStore.in_memory(history.vocabulary_id(target_gguf))
-    drafted_at: list[tuple[int, int]] = []  # (first output position, tokens)
-    propose = HistoryDrafter.propose
+    drafted_at: list[tuple[int, list[int]]] = []  # (first output position, each node's depth)
+    propose, propose_tree = HistoryDrafter.propose, HistoryDrafter.propose_tree
 
     def spy(self: HistoryDrafter, ctx: DraftContext, budget: int) -> Proposal:
         prop = propose(self, ctx, budget)
-        drafted_at.append((len(ctx.seq), len(prop.tokens)))
+        drafted_at.append((len(ctx.seq), list(range(len(prop.tokens)))))
+        return prop
+
+    def spy_tree(self: HistoryDrafter, ctx: DraftContext, request: TreeRequest) -> Proposal:
+        prop = propose_tree(self, ctx, request)
+        depths: list[int] = []
+        for parent in prop.parent_list():
+            depths.append(depths[parent] + 1 if parent >= 0 else 0)
+        drafted_at.append((len(ctx.seq), depths))
         return prop
 
     with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=512),
@@ -152,9 +236,8 @@ def test_a_repeat_never_drafts_across_a_position_marked_tied(
         guard = (between[len(between) // 4] + between[len(between) // 4 + 1]) / 2
         steep = Calibration({1: 0.01, 2: 0.02, 13: 0.13}, 0.005, guard / 2)
         eng.use_calibration(steep, learn=False)
-        # Chains: tree proposals do not read the marks (yet).
         req = GenerationRequest(tuple(prompt), max_tokens=N,
-                                draft=DraftSettings(mode="history", tree=False))
+                                draft=DraftSettings(mode="history", tree=tree))
         eng.clear_caches()
         first = eng.generate(req)
         marks = next(store.index.marked_documents())[1].tolist()[-len(first.tokens):]
@@ -164,13 +247,21 @@ def test_a_repeat_never_drafts_across_a_position_marked_tied(
                            0.005, guard / 2)
         eng.use_calibration(flat, learn=False)
         monkeypatch.setattr(HistoryDrafter, "propose", spy)
+        monkeypatch.setattr(HistoryDrafter, "propose_tree", spy_tree)
         eng.clear_caches()
         with eng.frozen_history():
             again = eng.generate(req)
     assert again.tokens == first.tokens
     assert tied, marks
-    drafts = [(start, n) for start, n in drafted_at if n]
+    drafts = [(start, depths) for start, depths in drafted_at if depths]
     assert drafts, drafted_at
-    for start, n in drafts:
-        assert not tied & set(range(start, start + n)), (start, n, sorted(tied))
+    for start, depths in drafts:
+        assert not tied & {start + d for d in depths}, (start, depths, sorted(tied))
     assert again.stats.drafters["history"].accepted >= len(again.tokens) // 2
+    # The statistics count the steps a tie stopped, through a process boundary too: none
+    # where the first run decoded plainly, and only at the ties the marks knew. (A chain is
+    # priced by its marks and may stop one token short instead; a tree is priced by the
+    # running rate, so its copies run into the ties.)
+    assert first.stats.tie_stops == 0 and again.stats.tie_stops <= len(tied)
+    assert again.stats.tie_stops >= 1 or not tree
+    assert GenerationStats.from_json(again.stats.to_json()).tie_stops == again.stats.tie_stops

@@ -372,14 +372,31 @@ class NearTieRate:
     of such positions, a third of the drafting steps on a story: counted as neither acceptance
     nor rejection, they made auto draft where plain decoding was faster. A property of the
     target's text, not of the drafter, so one rate serves every drafter; carried from request
-    to request like the acceptance rates."""
+    to request like the acceptance rates.
 
-    __slots__ = ("rate", "prior", "_seen")
+    Positions a copy from the history index brings with a mark (what the target met there
+    when it wrote them: ``history_index.MARK_*``) have their own rates, learned from the
+    positions verified with that mark and carried over requests: whether a position tied
+    before ties again depends on the target, the guard and how far the batched passes move
+    logits on this machine, none of which a constant knows."""
+
+    __slots__ = ("rate", "prior", "_seen", "_marked")
+
+    # Each mark's rate before any outcome, and how many outcomes that prior counts as.
+    MARKED_PRIOR = {MARK_CLEAR: 0.02, MARK_TIED: 0.8}
+    MARKED_PRIOR_WEIGHT = 10.0
+    # Each newer outcome fades the older ones (and the prior) by this factor: a new load
+    # measures another drift, so another guard, and the marks left under the old one
+    # mean less (~the last 100 outcomes count).
+    MARKED_DECAY = 0.99
 
     def __init__(self, prior: float = 0.05) -> None:
         self.rate = prior
         self.prior = prior
         self._seen = 0
+        # Per mark: [ties, positions, prior weight], faded together.
+        self._marked = {mark: [0.0, 0.0, self.MARKED_PRIOR_WEIGHT]
+                        for mark in self.MARKED_PRIOR}
 
     def observe(self, checked: int, tied: bool) -> None:
         """``checked`` positions were decided in one pass; the last was a near-tie if ``tied``.
@@ -388,6 +405,27 @@ class NearTieRate:
         in closed form: it runs once per target pass."""
         self.rate = self.rate * 0.9 ** checked + (0.1 if tied else 0.0)
         self._seen += checked
+
+    def marked_rate(self, mark: int) -> float | None:
+        """P(a near-tie) at a position marked ``mark``; None for a mark that says nothing."""
+        counts = self._marked.get(mark)
+        if counts is None:
+            return None
+        ties, seen, weight = counts
+        return (ties + weight * self.MARKED_PRIOR[mark]) / (seen + weight)
+
+    def observe_marked(self, marks: Sequence[int], checked: int, tied: bool) -> None:
+        """One pass decided ``checked`` positions, the last a near-tie if ``tied``; ``marks``:
+        theirs, from the first (a copy may not know the last's). Each known mark learns
+        whether its position tied."""
+        last = checked - 1
+        for i, mark in enumerate(marks[:checked]):
+            counts = self._marked.get(mark)
+            if counts is None:
+                continue
+            counts[0] = self.MARKED_DECAY * counts[0] + (1.0 if tied and i == last else 0.0)
+            counts[1] = self.MARKED_DECAY * counts[1] + 1.0
+            counts[2] *= self.MARKED_DECAY
 
     def start_request(self) -> None:
         self.rate = self.prior
@@ -667,22 +705,19 @@ class DraftController:
     # (pricing them all took ~0.1 ms a drafter, per plain step too).
     REACH_FLOOR = 1e-3
 
-    # P(a near-tie at a position a copy from the history index holds) by the mark the target
-    # left there when it wrote it (see history_index): a copy meets its ties where they were.
-    # Not certain either way: the batched passes that wrote this request's KV cache move
-    # logits by up to the margin drift (a third of the guard on Q4_K_M here).
-    MARKED_TIE_RATES = {MARK_CLEAR: 0.02, MARK_TIED: 0.8}
-
     def tie_rates(self, prop: Proposal) -> float | list[float]:
         """The near-tie rate at each position a free draft's verification decides (its
-        tokens', then the one after): by their marks where known, else the running rate."""
+        tokens', then the one after): by their marks where known (a copy meets its ties
+        where they were, though not surely: the batched passes that wrote this request's KV
+        cache move logits by up to the margin drift), else the running rate."""
         if not prop.marks:
             return self.ties.rate
         rate = self.ties.rate
+        clear, tied = self.ties.marked_rate(MARK_CLEAR), self.ties.marked_rate(MARK_TIED)
+        assert clear is not None and tied is not None
         # A clear mark never makes a position look likelier tied than the running rate (an
         # F16 target's, ~0, priced copies short at 0.02: 2.65x instead of 3.16x on sql).
-        known = {MARK_CLEAR: min(rate, self.MARKED_TIE_RATES[MARK_CLEAR]),
-                 MARK_TIED: self.MARKED_TIE_RATES[MARK_TIED]}
+        known = {MARK_CLEAR: min(rate, clear), MARK_TIED: tied}
         rates = [known.get(m, rate) for m in prop.marks[:len(prop.tokens) + 1]]
         rates += [rate] * (len(prop.tokens) + 1 - len(rates))
         return rates
@@ -828,6 +863,8 @@ class DraftController:
         only ``n_verified`` drafted tokens count for acceptance (a tie is neither)."""
         self.peeks.streak = 0
         self.ties.observe(n_accepted + 1, tied)
+        if prop.marks:
+            self.ties.observe_marked(prop.marks, n_accepted + 1, tied)
         self.acceptance[prop.source].observe(prop.confidences[:n_verified], n_accepted)
         if self._peeking:
             # On Q8_0 here fib's peeks were accepted, but drafting never became worth it:

@@ -292,13 +292,16 @@ class HistoryIndex:
     def lookup_tree(self, context: Sequence[int], depth: int, max_nodes: int,
                     min_match: int = KEY_TOKENS) -> ContinuationTree | None:
         """Every continuation of the longest earlier matches of ``context``'s end, at most
-        ``depth`` tokens each, as one trie of at most ``max_nodes`` nodes."""
+        ``depth`` tokens each, as one trie of at most ``max_nodes`` nodes. Each ends just
+        before its first position marked tied: a verification stops there whichever branch
+        the target takes, so nodes past it would be checked for nothing."""
         found = (self._longest_matches(context, min_match)
                  if depth > 0 and max_nodes > 0 else None)
         if found is None:
             return None
         starts, match = found
-        rows = self._rows(starts, depth)[::-1]  # the most recent first
+        rows = [row[:marks.index(MARK_TIED)] if MARK_TIED in marks else row
+                for row, marks in self._marked_rows(starts, depth)[::-1]]  # the newest first
         tokens: list[int] = []
         parents: list[int] = []
         counts: list[int] = []
@@ -345,13 +348,10 @@ class HistoryIndex:
             return None
         return hits[lengths == best], best
 
-    def _rows(self, starts: np.ndarray, budget: int) -> list[list[int]]:
-        """Up to ``budget`` tokens from each start, each cut at its document's end."""
-        return [row for row, _ in self._marked_rows(starts, budget)]
-
     def _marked_rows(self, starts: np.ndarray,
                      budget: int) -> list[tuple[list[int], list[int]]]:
-        """``_rows`` with each token's mark."""
+        """Up to ``budget`` tokens from each start, each cut at its document's end, with
+        each token's mark."""
         rows = []
         tokens, marks = self._tokens, self._marks  # one state, whatever a writer does
         for start in starts.tolist():
