@@ -214,13 +214,16 @@ def _spread(ratios: list[float | None]) -> str:
 
 
 def _per_pass(p: dict[str, Any]) -> str:
-    """Tokens per target pass, and the mean nodes a drafting round verified ("-": none)."""
+    """Tokens per target pass, and the mean nodes a drafting round verified and the rounds a
+    near-tie stopped ("-": none)."""
     tpp = p.get("tokens_per_target_pass")
     if not tpp:
         return "-"
     size = p.get("mean_tree_size") or 0.0
     trees = p.get("tree_rounds") or 0
-    return f"{tpp:.2f} ({size:.1f}{', trees' if trees else ''})"
+    ties = p.get("tie_stops") or 0
+    return (f"{tpp:.2f} ({size:.1f}{', trees' if trees else ''}"
+            f"{f', {ties} at near-ties' if ties else ''})")
 
 
 def _drafters_line(drafters: dict[str, Any]) -> str:
