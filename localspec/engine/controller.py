@@ -738,8 +738,6 @@ class DraftController:
             reach *= p
             if reach < self.REACH_FLOOR:
                 break
-        if not isinstance(ties, float):
-            ties = ties[:len(probs) + 1]
         return _best_prefix(probs, self.costs, tie=ties)
 
     # -- token trees --------------------------------------------------------------------------

@@ -279,6 +279,11 @@ class SpeculativeEngine:
         floor = QUANTIZED_TIE_FLOOR if self._quantized else 0.0
         return max(2.0 * self.calibration.drift, floor)
 
+    def _guarded(self, run: _Run) -> bool:
+        """Whether this request's verification leaves near-ties to one-token passes: greedy
+        and coupled choices, once a drift is measured."""
+        return run.rule in ("greedy", "coupled") and self.tie_margin > 0
+
     def verify_seconds(self, n: int) -> float:
         """The current estimate of one target pass over ``n`` tokens (measured, then refined)."""
         return self._costs.verify(n)
@@ -464,7 +469,7 @@ class SpeculativeEngine:
                 new, n_acc = self._tree_step(run, controller, prop)
                 # Every position a tree step decides, it decides clear of a near-tie.
                 yield from self._emit(run, new, n_drafted=n_acc,
-                                      mark=MARK_CLEAR if self.tie_margin > 0 else MARK_UNKNOWN)
+                                      mark=MARK_CLEAR if self._guarded(run) else MARK_UNKNOWN)
                 continue
             t0 = time.perf_counter()
             activity.report("verifying" if k else "decoding", self.target.path)
@@ -830,7 +835,7 @@ class SpeculativeEngine:
         sp = run.req.sampling
         hist = list(run.seq)
         base = len(run.out)
-        guard = run.rule in ("greedy", "coupled") and len(prop.tokens) > 0 and self.tie_margin > 0
+        guard = len(prop.tokens) > 0 and self._guarded(run)
         for i, tok in enumerate(prop.tokens):
             if run.rule in ("greedy", "coupled"):
                 choice = self._choose(logits[i], hist, run, base + i)
@@ -870,8 +875,7 @@ class SpeculativeEngine:
         if run.plain_next:
             return MARK_TIED
         if k:
-            guarded = run.rule in ("greedy", "coupled") and self.tie_margin > 0
-            return MARK_CLEAR if guarded else MARK_UNKNOWN
+            return MARK_CLEAR if self._guarded(run) else MARK_UNKNOWN
         if run.plain_tie is None:
             return MARK_UNKNOWN
         return MARK_TIED if run.plain_tie else MARK_CLEAR
