@@ -16,7 +16,11 @@ Each configuration is its own `localspec serve` process on loopback, replayed th
     own, under a temporary LOCALSPEC_HOME);
   - `alone-no-prompt-cache` (not run unless named in --configs): the target alone without
     saved prompt states (`--prompt-cache 0`), as every run before them measured it.
-Each server first answers one untimed request ("Say OK."): a user's first request on a
+All the servers run at once and each request goes to each of them in turn (the order
+rotated per request), so the machine's drift over the minutes a trace takes weighs on every
+configuration alike; each configuration builds its later prompts from its own answers.
+`--sequential` runs one server after another instead (every run before 2026-12-04's AVX2
+ones). Each server first answers one untimed request ("Say OK."): a user's first request on a
 machine also measures its costs (calibration), once, cached for every later start, which a
 fresh LOCALSPEC_HOME would charge to the trace (`--no-warmup` keeps it in).
 Every configuration keeps prompt states as shipped (`--prompt-cache`), the target alone too,
@@ -255,21 +259,30 @@ def _wait_ready(url: str, deadline: float) -> None:
 _WARMUP = [{"role": "user", "content": "Say OK."}]
 
 
-def replay(url: str, max_tokens: int, warmup: bool = True) -> list[Result]:
-    from openai import OpenAI
+class Replay:
+    """One server's side of the trace: its client, and its own answers to build the next
+    prompts from (as the agent it stands for would, so a text that parts from the target
+    alone's carries on into that configuration's later prompts)."""
 
-    client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600)
-    if warmup:
-        client.chat.completions.create(model="localspec", messages=_WARMUP,  # type: ignore[arg-type]
-                                       max_tokens=16, temperature=0)
-    answers: dict[str, str] = {}
-    results: list[Result] = []
-    for step in trace():
-        messages = step.build(answers)
+    def __init__(self, url: str) -> None:
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600)
+        self.answers: dict[str, str] = {}
+        self.results: list[Result] = []
+
+    def warm_up(self) -> None:
+        warmup: Any = _WARMUP
+        self.client.chat.completions.create(model="localspec", messages=warmup,
+                                            max_tokens=16, temperature=0)
+
+    def send(self, step: Step, max_tokens: int) -> Result:
+        # The openai stubs want their message TypedDicts; the trace's dicts are those shapes.
+        messages: Any = step.build(self.answers)
         t0 = time.perf_counter()
-        stream = client.chat.completions.create(
+        stream = self.client.chat.completions.create(
             model="localspec", messages=messages, max_tokens=max_tokens, temperature=0,
-            stream=True)  # type: ignore[arg-type]
+            stream=True)
         parts: list[str] = []
         stats: dict[str, Any] = {}
         for chunk in stream:
@@ -280,10 +293,38 @@ def replay(url: str, max_tokens: int, warmup: bool = True) -> list[Result]:
                 stats = extra["stats"]
         seconds = time.perf_counter() - t0
         text = "".join(parts)
-        answers[step.name] = text
-        results.append(Result(step.name, int(stats.get("completion_tokens", 0)), seconds, text,
-                              stats))
-    return results
+        self.answers[step.name] = text
+        result = Result(step.name, int(stats.get("completion_tokens", 0)), seconds, text, stats)
+        self.results.append(result)
+        return result
+
+
+def replay(url: str, max_tokens: int, warmup: bool = True) -> list[Result]:
+    """The whole trace against one server."""
+    side = Replay(url)
+    if warmup:
+        side.warm_up()
+    for step in trace():
+        side.send(step, max_tokens)
+    return side.results
+
+
+def replay_interleaved(urls: dict[str, str], max_tokens: int,
+                       warmup: bool = True) -> dict[str, list[Result]]:
+    """The trace against every server at once, request by request: each request goes to
+    each server in turn (the order rotated from one request to the next), so a machine that
+    slows down or speeds up over the minutes a trace takes weighs on every configuration
+    alike. Run one after the other, the configurations were up to 10-25% apart in speed of
+    the same target alone on this kind of machine, and that drift went into the speedup."""
+    sides = {name: Replay(url) for name, url in urls.items()}
+    if warmup:
+        for side in sides.values():
+            side.warm_up()
+    names = list(sides)
+    for i, step in enumerate(trace()):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            sides[name].send(step, max_tokens)
+    return {name: side.results for name, side in sides.items()}
 
 
 def summarize(runs: dict[str, list[Result]]) -> dict[str, Any]:
@@ -340,18 +381,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repack", default="off")
     ap.add_argument("--configs", default="alone,history-off,history-on")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sequential", action="store_true",
+                    help="one configuration's server after another, as before 2026-12-04's "
+                    "AVX2 runs (default: all servers up at once, each request sent to each)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="no untimed first request: the first-use calibration counts in the "
                     "trace's first request")
     args = ap.parse_args(argv)
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or "alone" not in names:
+        ap.error(f"--configs: {', '.join(unknown) or 'alone'} "
+                 f"{'unknown' if unknown else 'is required'} (known: {', '.join(CONFIGS)})")
     runs: dict[str, list[Result]] = {}
-    for name in args.configs.split(","):
-        server = start_server(args, CONFIGS[name])
+    if args.sequential:
+        for name in names:
+            server = start_server(args, CONFIGS[name])
+            try:
+                print(f"[{name}] {server.url}", file=sys.stderr)
+                runs[name] = replay(server.url, args.max_tokens, not args.no_warmup)
+            finally:
+                server.stop()
+    else:
+        servers: dict[str, Server] = {}
         try:
-            print(f"[{name}] {server.url}", file=sys.stderr)
-            runs[name] = replay(server.url, args.max_tokens, not args.no_warmup)
+            for name in names:
+                servers[name] = start_server(args, CONFIGS[name])
+                print(f"[{name}] {servers[name].url}", file=sys.stderr)
+            runs = replay_interleaved({n: s.url for n, s in servers.items()}, args.max_tokens,
+                                      not args.no_warmup)
         finally:
-            server.stop()
+            for server in servers.values():
+                server.stop()
     summary = summarize(runs)
     summary["command"] = " ".join(sys.argv)
     summary["target"], summary["draft"] = args.target, args.draft
