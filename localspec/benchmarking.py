@@ -3,22 +3,25 @@
 Everything is a ratio from one process and one run: the speculative engine against what a user
 would run instead, on the same target, prompts and settings. "Instead" is llama-cpp-python's own
 generation loop (``Llama.generate`` on the same file) or, with ``baseline="engine"``, this engine
-with drafting off. Runs of the contenders alternate per prompt, each repeat starting with the
-next contender, so drift in the machine's speed hits them alike. Optionally each fixed K runs
-beside auto (``sweep``) to show how auto compares with the best fixed draft length in hindsight.
+with drafting off. llama-cpp-python's loop and the speculative engine run in lockstep (see
+``race``); the engine's other runs take turns with them, whole runs apart, each repeat starting
+with the next contender, so drift in the machine's speed hits them alike. Optionally each fixed
+K runs beside auto (``sweep``) to show how auto compares with the best fixed draft length in
+hindsight.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from .engine import DraftSettings, SamplingParams, SpeculativeEngine
+from .engine import DraftSettings, Finished, GenerationRequest, SamplingParams, SpeculativeEngine
 from .engine.sampling import apply_penalties, candidates, coupled_choice
 from .engine.stats import GenerationStats, drafter_totals
 from .requests import ChatOptions, Prompt, build_request, prompt_tokens
@@ -89,12 +92,63 @@ class RunResult:
     stats: GenerationStats
 
 
+# A generation advanced a step at a time: each ``next`` yields the bytes of text the step made,
+# and its return value is the run's result.
+Steps = Generator[int, None, RunResult]
+
+
 class Contender(Protocol):
-    """One way of generating: ``run(prompt tokens)`` from an empty cache, timed."""
+    """One way of generating: ``steps(prompt tokens)`` from an empty cache."""
 
     name: str
 
-    def run(self, prompt: tuple[int, ...]) -> RunResult: ...
+    def steps(self, prompt: tuple[int, ...]) -> Steps: ...
+
+
+@dataclass(slots=True)
+class _Clocked:
+    """A contender's generation on its own clock: it runs only while this one steps."""
+
+    steps: Steps
+    seconds: float = 0.0
+    ttft: float | None = None
+    made: int = 0  # bytes of text so far
+    result: RunResult | None = None
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.made += next(self.steps)
+        except StopIteration as stop:
+            self.result = stop.value
+        self.seconds += time.perf_counter() - t0
+        if self.ttft is None:
+            self.ttft = self.seconds
+
+    def finished(self) -> RunResult:
+        assert self.result is not None
+        stats = self.result.stats
+        stats.total_seconds = self.seconds
+        stats.ttft_seconds = self.ttft or 0.0
+        return self.result
+
+
+def race(generations: Sequence[Steps]) -> list[RunResult]:
+    """Run generations in lockstep, each timed on its own clock: the one whose text is behind
+    steps next (the earlier on a tie, so the order given is the order of their prompts). A slow
+    spell of the machine then falls on all of them alike, where whole runs one after another
+    take it on whichever was running: on a 2-core VM that moved a prompt's median of 3 by
+    10% between two identical contenders. One generation alone is an ordinary timed run."""
+    clocked = [_Clocked(g) for g in generations]
+    while True:
+        live = [c for c in clocked if c.result is None]
+        if not live:
+            return [c.finished() for c in clocked]
+        min(live, key=lambda c: c.made).step()
+
+
+def run_alone(contender: Contender, prompt: tuple[int, ...]) -> RunResult:
+    return race([contender.steps(prompt)])[0]
 
 
 @dataclass(slots=True)
@@ -110,15 +164,21 @@ class EngineContender:
     apart: bool = False
 
     def run(self, prompt: tuple[int, ...]) -> RunResult:
+        return run_alone(self, prompt)
+
+    def steps(self, prompt: tuple[int, ...]) -> Steps:
         self.engine.clear_caches()  # no prefix reuse between runs: each pays its prompt
         req = build_request(self.engine, prompt, ChatOptions(
             max_tokens=self.cfg.max_tokens, sampling=self.cfg.sampling, draft=self.draft))
-        if self.apart:
-            with self.engine.separate_learning():
-                done = self.engine.generate(req)
-        else:
-            done = self.engine.generate(req)
-        return RunResult(done.tokens, done.stats)
+        return self._steps(req)
+
+    def _steps(self, req: GenerationRequest) -> Steps:
+        with self.engine.separate_learning() if self.apart else nullcontext():
+            for event in self.engine.stream(req):
+                if isinstance(event, Finished):
+                    return RunResult(event.tokens, event.stats)
+                yield len(event.text.encode())
+        raise AssertionError("stream ended without Finished")  # pragma: no cover
 
 
 @dataclass(slots=True)
@@ -132,26 +192,29 @@ class LlamaCppPythonContender:
     name: str = "llama-cpp-python"
 
     def run(self, prompt: tuple[int, ...]) -> RunResult:
+        return run_alone(self, prompt)
+
+    def steps(self, prompt: tuple[int, ...]) -> Steps:
+        # Llama.generate(reset=True) still reuses the longest cached prefix: without this every
+        # repeat after the first would skip its prompt, unlike the engine's runs.
+        self.llm.reset()
+        return self._steps(prompt)
+
+    def _steps(self, prompt: tuple[int, ...]) -> Steps:
         sp = self.cfg.sampling
         greedy = sp.greedy
         stats = GenerationStats(prompt_tokens=len(prompt))
         out: list[int] = []
-        # Llama.generate(reset=True) still reuses the longest cached prefix: without this every
-        # repeat after the first would skip its prompt, unlike the engine's runs.
-        self.llm.reset()
-        t0 = time.perf_counter()
         for tok in self.llm.generate(list(prompt), reset=True, temp=0.0 if greedy else
                                      sp.temperature, top_k=1 if greedy else sp.top_k,
                                      top_p=sp.top_p, min_p=sp.min_p,
                                      repeat_penalty=sp.repeat_penalty):
-            if not out:
-                stats.ttft_seconds = time.perf_counter() - t0
             if tok in self.eos:
                 break
             out.append(int(tok))
             if len(out) >= self.cfg.max_tokens:
                 break
-        stats.total_seconds = time.perf_counter() - t0
+            yield len(self.llm.detokenize([tok]))
         stats.completion_tokens = len(out)
         stats.target_passes = len(out)
         return RunResult(tuple(out), stats)
@@ -272,19 +335,30 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
         tokens = _prompt_tokens(engine, prompts[0], cfg.raw)
         for c in contenders:
             with engine.frozen_history():
-                c.run(tokens)
+                run_alone(c, tokens)
+    # llama-cpp-python's own loop runs beside the speculative engine in lockstep (see race):
+    # the ratio that matters most then carries no drift. The engine's other runs share its one
+    # context, so they take turns, whole runs apart.
+    paired: dict[str, Contender] = {baseline: spec} if baseline == "llama-cpp-python" else {}
     for prompt in prompts:
         tokens = _prompt_tokens(engine, prompt, cfg.raw)
         res = PromptResult(prompt)
         for rep in range(cfg.repeats):
             for c in repeat_order(contenders, rep):
+                if any(c is partner for partner in paired.values()):
+                    continue  # raced beside its partner
+                together = [c, paired[c.name]] if c.name in paired else [c]
+                if rep % 2:
+                    together.reverse()  # each prefills first as often as the other
                 # With the history drafter on, every run of a prompt drafts from the index as
                 # it stood before the prompt (the earlier prompts' answers, once each): a
                 # repeat drafting the answer a run before it gave would measure nothing.
                 with engine.frozen_history():
-                    res.add(c.name, c.run(tokens))
-                if on_step:
-                    on_step(f"{prompt.name}: {c.name}")
+                    done = race([x.steps(tokens) for x in together])
+                for x, result in zip(together, done, strict=True):
+                    res.add(x.name, result)
+                    if on_step:
+                        on_step(f"{prompt.name}: {x.name}")
         answer = res.runs["plain"][-1].tokens
         if engine.history is not None and not isinstance(answer, str):
             engine.history.record(tokens, answer)  # the prompt, answered once, as a user's
