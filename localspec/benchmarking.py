@@ -251,12 +251,23 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def paired_speedups(runs: Sequence[RunResult], over: Sequence[RunResult]) -> list[float | None]:
-    """Each run's tokens/s over its partner's of the same repeat (seconds apart, so a machine
-    that slows for a while moves both): their spread is how far a median ratio can be trusted
-    on this machine."""
-    return [_ratio(a.stats.tokens_per_second, b.stats.tokens_per_second)
+def paired_speedups(runs: Sequence[RunResult], over: Sequence[RunResult],
+                    attr: str = "tokens_per_second") -> list[float | None]:
+    """Each run's tokens/s over its partner's of the same repeat (seconds apart, or raced in
+    lockstep, so a machine that slows for a while moves both): their spread is how far a
+    median ratio can be trusted on this machine."""
+    return [_ratio(getattr(a.stats, attr), getattr(b.stats, attr))
             for a, b in zip(runs, over, strict=True)]
+
+
+def raced(baseline: str) -> bool:
+    """Whether ``run_bench`` races this baseline beside the speculative engine in lockstep."""
+    return baseline == "llama-cpp-python"
+
+
+def _median_ratio(ratios: Sequence[float | None]) -> float | None:
+    known = [x for x in ratios if x is not None]
+    return round(statistics.median(known), 3) if known else None
 
 
 def _asked(prompt: BenchPrompt, raw: bool) -> Prompt:
@@ -339,7 +350,7 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
     # llama-cpp-python's own loop runs beside the speculative engine in lockstep (see race):
     # the ratio that matters most then carries no drift. The engine's other runs share its one
     # context, so they take turns, whole runs apart.
-    paired: dict[str, Contender] = {baseline: spec} if baseline == "llama-cpp-python" else {}
+    paired: dict[str, Contender] = {baseline: spec} if raced(baseline) else {}
     for prompt in prompts:
         tokens = _prompt_tokens(engine, prompt, cfg.raw)
         res = PromptResult(prompt)
@@ -382,6 +393,14 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
     base_tps, spec_tps = m(baseline, "tokens_per_second"), m("speculative", "tokens_per_second")
     base_dec = m(baseline, "decode_tokens_per_second")
     spec_dec = m("speculative", "decode_tokens_per_second")
+    runs = paired_speedups(r.runs["speculative"], r.runs[baseline])
+    # Raced runs: each repeat's ratio carries no drift, a ratio of medians may pair a fast
+    # repeat of one side with a slow one of the other.
+    speedup, decode_speedup = (_ratio(spec_tps, base_tps), _ratio(spec_dec, base_dec))
+    if raced(baseline):
+        speedup = _median_ratio(runs)
+        decode_speedup = _median_ratio(paired_speedups(
+            r.runs["speculative"], r.runs[baseline], "decode_tokens_per_second"))
     out: dict[str, Any] = {
         "name": r.prompt.name,
         "kind": r.prompt.kind,
@@ -389,13 +408,13 @@ def _prompt_json(r: PromptResult, cfg: BenchConfig, baseline: str,
         "baseline": baseline,
         "plain_tokens_per_second": round(base_tps, 3),
         "spec_tokens_per_second": round(spec_tps, 3),
-        "speedup": _ratio(spec_tps, base_tps),
+        "speedup": speedup,
         "plain_decode_tokens_per_second": round(base_dec, 3),
         "spec_decode_tokens_per_second": round(spec_dec, 3),
-        "decode_speedup": _ratio(spec_dec, base_dec),
+        "decode_speedup": decode_speedup,
         "plain_ttft_seconds": round(m(baseline, "ttft_seconds"), 4),
         "spec_ttft_seconds": round(m("speculative", "ttft_seconds"), 4),
-        "speedup_runs": paired_speedups(r.runs["speculative"], r.runs[baseline]),
+        "speedup_runs": runs,
         "acceptance_rate": round(m("speculative", "acceptance_rate"), 4),
         "mean_accepted_length": round(m("speculative", "mean_accepted_length"), 3),
         "mean_k": round(m("speculative", "mean_k"), 3),
@@ -445,8 +464,13 @@ def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "pl
         return sum(p["tokens"] / p[key] for p in per_prompt if p.get(key))
 
     tokens = sum(p["tokens"] for p in per_prompt)
-    plain_time, spec_time = total_time("plain_tokens_per_second"), \
-        total_time("spec_tokens_per_second")
+    plain_time = total_time("plain_tokens_per_second")
+    if raced(baseline):  # each prompt's time at the baseline's pace over its raced speedup
+        spec_time = sum(p["tokens"] / p["plain_tokens_per_second"] / p["speedup"]
+                        for p in per_prompt if p.get("plain_tokens_per_second")
+                        and p.get("speedup"))
+    else:
+        spec_time = total_time("spec_tokens_per_second")
     out: dict[str, Any] = {
         "speedup": round(plain_time / spec_time, 3) if spec_time else 0.0,
         "all_identical": (all(p["identical"] for p in per_prompt)

@@ -80,3 +80,25 @@ def test_repeat_by_repeat_speedups_are_against_the_baseline_not_plain() -> None:
                           "speculative": [10, 10]})
     p = summarize([res], BenchConfig(repeats=2), baseline="llama-cpp-python")["prompts"][0]
     assert p["speedup_runs"] == pytest.approx([2.0, 3.0], abs=1e-3)
+
+
+def test_a_raced_baseline_gives_the_median_of_the_paired_ratios() -> None:
+    # llama-cpp-python raced the speculative engine in lockstep: each repeat's ratio is the
+    # measurement. Here the medians come from different repeats (llama's 30 s, spec's 20 s) and
+    # their ratio (1.5) mixes a slow repeat with a fast one; the repeats say 0.8, 2.0, 2.0.
+    res = _prompt("fib", {"llama-cpp-python": [20, 40, 30], "plain": [25, 25, 25],
+                          "speculative": [25, 20, 15]})
+    out = summarize([res], BenchConfig(repeats=3), baseline="llama-cpp-python")
+    p = out["prompts"][0]
+    assert p["speedup_runs"] == pytest.approx([0.8, 2.0, 2.0], abs=1e-3)
+    assert p["speedup"] == pytest.approx(2.0)
+    # Over the set: each prompt's time at the baseline's median pace (30 s), over its speedup.
+    assert out["speedup"] == pytest.approx(2.0)
+    assert out["spec_tokens_per_second"] == pytest.approx(100 / 15, abs=1e-3)
+
+
+def test_turns_against_the_engine_baseline_keep_the_ratio_of_medians() -> None:
+    # --baseline engine: the runs share one context and take turns, so no pair shares a moment.
+    res = _prompt("fib", {"plain": [20, 40, 30], "speculative": [25, 20, 15]})
+    p = summarize([res], BenchConfig(repeats=3), baseline="plain")["prompts"][0]
+    assert p["speedup"] == pytest.approx(30 / 20, abs=1e-3)
