@@ -79,12 +79,16 @@ def _repeat(sides: list[Contender], engine: SpeculativeEngine, tokens: tuple[int
     return {s.name: r for s, r in zip(order, done, strict=True)}
 
 
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 4) if b else 0.0  # a one-token answer has no decode rate
+
+
 def _row(name: str, runs: list[dict[str, RunResult]]) -> dict[str, Any]:
     base = [r[BASELINE].stats for r in runs]
     per = [{"tps": round(r[name].stats.tokens_per_second, 3),
-            "ratio": round(r[name].stats.tokens_per_second / b.tokens_per_second, 4),
-            "decode_ratio": round(r[name].stats.decode_tokens_per_second
-                                  / b.decode_tokens_per_second, 4),
+            "ratio": _ratio(r[name].stats.tokens_per_second, b.tokens_per_second),
+            "decode_ratio": _ratio(r[name].stats.decode_tokens_per_second,
+                                   b.decode_tokens_per_second),
             "ttft": round(r[name].stats.ttft_seconds, 4), "baseline_ttft": round(b.ttft_seconds, 4),
             "identical": r[name].tokens == r[BASELINE].tokens}
            for r, b in zip(runs, base, strict=True)]

@@ -107,7 +107,8 @@ class Contender(Protocol):
 
 @dataclass(slots=True)
 class _Clocked:
-    """A contender's generation on its own clock: it runs only while this one steps."""
+    """A contender's generation on its own clock: it runs only while this one steps. Its time
+    to first token is to its first text, on either side (the engine yields only text)."""
 
     steps: Steps
     seconds: float = 0.0
@@ -122,7 +123,7 @@ class _Clocked:
         except StopIteration as stop:
             self.result = stop.value
         self.seconds += time.perf_counter() - t0
-        if self.ttft is None:
+        if self.ttft is None and (self.made or self.result is not None):
             self.ttft = self.seconds
 
     def finished(self) -> RunResult:
@@ -140,11 +141,17 @@ def race(generations: Sequence[Steps]) -> list[RunResult]:
     take it on whichever was running: on a 2-core VM that moved a prompt's median of 3 by
     10% between two identical contenders. One generation alone is an ordinary timed run."""
     clocked = [_Clocked(g) for g in generations]
-    while True:
-        live = [c for c in clocked if c.result is None]
-        if not live:
-            return [c.finished() for c in clocked]
-        min(live, key=lambda c: c.made).step()
+    try:
+        while True:
+            live = [c for c in clocked if c.result is None]
+            if not live:
+                return [c.finished() for c in clocked]
+            min(live, key=lambda c: c.made).step()
+    finally:
+        # One side failing must not leave the other suspended in its generation (the engine's
+        # stream holds its lock until its generator ends).
+        for g in generations:
+            g.close()
 
 
 def run_alone(contender: Contender, prompt: tuple[int, ...]) -> RunResult:
@@ -360,7 +367,7 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
                     continue  # raced beside its partner
                 together = [c, paired[c.name]] if c.name in paired else [c]
                 if rep % 2:
-                    together.reverse()  # each prefills first as often as the other
+                    together.reverse()  # the pair takes turns processing its prompt first
                 # With the history drafter on, every run of a prompt drafts from the index as
                 # it stood before the prompt (the earlier prompts' answers, once each): a
                 # repeat drafting the answer a run before it gave would measure nothing.
@@ -465,12 +472,14 @@ def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "pl
 
     tokens = sum(p["tokens"] for p in per_prompt)
     plain_time = total_time("plain_tokens_per_second")
+    # The fixed-K runs took turns with the speculative engine's: compared with its measured time.
+    measured_spec_time = total_time("spec_tokens_per_second")
     if raced(baseline):  # each prompt's time at the baseline's pace over its raced speedup
         spec_time = sum(p["tokens"] / p["plain_tokens_per_second"] / p["speedup"]
                         for p in per_prompt if p.get("plain_tokens_per_second")
                         and p.get("speedup"))
     else:
-        spec_time = total_time("spec_tokens_per_second")
+        spec_time = measured_spec_time
     out: dict[str, Any] = {
         "speedup": round(plain_time / spec_time, 3) if spec_time else 0.0,
         "all_identical": (all(p["identical"] for p in per_prompt)
@@ -496,12 +505,12 @@ def summarize(results: list[PromptResult], cfg: BenchConfig, baseline: str = "pl
         # The best K in hindsight per prompt is the highest of five noisy medians, so it leans
         # lucky; one K for the whole set is what a user who sets --k would run instead.
         each_k = {name: round(sum(p["tokens"] / p["sweep"]["tokens_per_second"][name]
-                                  for p in per_prompt) / spec_time, 3) if spec_time else None
-                  for name in sweep}
+                                  for p in per_prompt) / measured_spec_time, 3)
+                  if measured_spec_time else None for name in sweep}
         out["sweep"] = {"k": list(cfg.sweep),
                         "auto_vs_best_min": min(ratios) if ratios else None,
-                        "auto_vs_best_overall": round(best_time / spec_time, 3)
-                        if spec_time else None,
+                        "auto_vs_best_overall": round(best_time / measured_spec_time, 3)
+                        if measured_spec_time else None,
                         "auto_vs_each_k_overall": each_k}
     return out
 

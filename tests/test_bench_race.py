@@ -79,3 +79,30 @@ def test_one_generation_alone_is_an_ordinary_timed_run(clock: Clock) -> None:
     (result,) = race([scripted("only", [(1, 0.2), (1, 0.3)], clock, [])])
     assert result.stats.total_seconds == pytest.approx(0.5)
     assert result.stats.ttft_seconds == pytest.approx(0.2)
+
+
+def test_a_side_that_fails_ends_the_others_generation(clock: Clock) -> None:
+    closed: list[str] = []
+
+    def holding(name: str) -> Steps:
+        try:  # as the engine's stream holds its lock while open
+            while True:
+                yield 1
+        finally:
+            closed.append(name)
+        return RunResult((), GenerationStats())  # pragma: no cover
+
+    def failing() -> Steps:
+        yield 1
+        raise RuntimeError("the model failed")
+
+    with pytest.raises(RuntimeError, match="the model failed"):
+        race([holding("engine"), failing()])
+    assert closed == ["engine"]
+
+
+def test_time_to_first_token_waits_for_text(clock: Clock) -> None:
+    log: list[str] = []
+    # A first token with no text of its own (half a UTF-8 character): the first text is later.
+    (result,) = race([scripted("a", [(0, 0.4), (2, 0.1), (1, 0.1)], clock, log)])
+    assert result.stats.ttft_seconds == pytest.approx(0.5)

@@ -5,6 +5,8 @@ from them exactly. The engine's own runs are covered by tests/test_cli_engine.py
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from localspec.benchmarking import (
@@ -102,3 +104,35 @@ def test_turns_against_the_engine_baseline_keep_the_ratio_of_medians() -> None:
     res = _prompt("fib", {"plain": [20, 40, 30], "speculative": [25, 20, 15]})
     p = summarize([res], BenchConfig(repeats=3), baseline="plain")["prompts"][0]
     assert p["speedup"] == pytest.approx(30 / 20, abs=1e-3)
+
+
+def test_a_raced_set_weighs_each_prompt_by_the_baselines_time() -> None:
+    # fib: 10 s alone, 2.0x; story: 30 s alone, 1.0x. Weighted by time: 40 s against 35 s
+    # (a plain mean of the speedups would say 1.5x).
+    fib = _prompt("fib", {"llama-cpp-python": [10], "plain": [10], "speculative": [5]})
+    story = _prompt("story", {"llama-cpp-python": [30], "plain": [30], "speculative": [30]})
+    out = summarize([fib, story], BenchConfig(), baseline="llama-cpp-python")
+    assert out["speedup"] == pytest.approx(40 / 35, abs=1e-3)
+
+
+def test_a_raced_decode_speedup_is_paired_too() -> None:
+    res = PromptResult(BenchPrompt("fib", "code", "text"))
+    for name, runs in {"llama-cpp-python": [(20, 2), (40, 2), (30, 2)], "plain": [(25, 2)] * 3,
+                       "speculative": [(25, 2), (20, 2), (15, 2)]}.items():
+        for total, ttft in runs:
+            res.add(name, RunResult(tuple(range(101)), GenerationStats(
+                completion_tokens=101, total_seconds=total, ttft_seconds=ttft)))
+    p = summarize([res], BenchConfig(repeats=3), baseline="llama-cpp-python")["prompts"][0]
+    # Decode: 100 tokens in 18, 38, 28 s alone and 23, 18, 13 s speculative.
+    assert p["decode_speedup"] == pytest.approx(statistics.median([18 / 23, 38 / 18, 28 / 13]),
+                                                abs=1e-3)
+
+
+def test_the_sweep_compares_fixed_k_with_autos_measured_time_when_raced() -> None:
+    # auto ran 20 s (median) and K=5 20 s, each measured: auto against the best is 1.0x, per
+    # prompt and over the set, whatever the raced speedup says.
+    res = _prompt("fib", {"llama-cpp-python": [20, 40, 30], "plain": [25, 25, 25],
+                          "speculative": [25, 20, 15], "K=2": [30, 30, 30], "K=5": [20, 20, 20]})
+    out = summarize([res], BenchConfig(repeats=3), baseline="llama-cpp-python", sweep=SWEEP)
+    assert out["prompts"][0]["sweep"]["auto_vs_best"] == pytest.approx(1.0)
+    assert out["sweep"]["auto_vs_best_overall"] == pytest.approx(1.0)
