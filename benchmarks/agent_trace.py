@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localspec.benchmarking import repeat_order
 from localspec.engine.stats import GenerationStats, drafter_totals
 
 Messages = list[dict[str, str]]
@@ -320,9 +321,8 @@ def replay_interleaved(urls: dict[str, str], max_tokens: int,
     if warmup:
         for side in sides.values():
             side.warm_up()
-    names = list(sides)
     for i, step in enumerate(trace()):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in repeat_order(list(sides), i):
             sides[name].send(step, max_tokens)
     return {name: side.results for name, side in sides.items()}
 

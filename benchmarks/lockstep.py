@@ -22,6 +22,7 @@ import statistics
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from localspec.benchmarking import (
@@ -31,13 +32,16 @@ from localspec.benchmarking import (
     EngineContender,
     LlamaCppPythonContender,
     RunResult,
+    paired_speedups,
     race,
+    repeat_order,
     run_alone,
 )
 from localspec.cli import parse
 from localspec.cli.common import engine_spec, settings_from
 from localspec.engine import DraftSettings, SpeculativeEngine
 from localspec.engine.llama_backend import open_llama
+from localspec.files import atomic_write
 from localspec.history import scope_for
 from localspec.loading import load_engine
 from localspec.options import sampling_params
@@ -72,30 +76,28 @@ def _contenders(args: argparse.Namespace, stack: ExitStack) -> tuple[Speculative
 
 def _repeat(sides: list[Contender], engine: SpeculativeEngine, tokens: tuple[int, ...],
             rep: int) -> dict[str, RunResult]:
-    n = rep % len(sides)
-    order = sides[n:] + sides[:n]
+    order = repeat_order(sides, rep)
     with engine.frozen_history():
         done = race([s.steps(tokens) for s in order])
     return {s.name: r for s, r in zip(order, done, strict=True)}
 
 
-def _ratio(a: float, b: float) -> float:
-    return round(a / b, 4) if b else 0.0  # a one-token answer has no decode rate
+def _median(ratios: list[float | None]) -> float | None:
+    known = [x for x in ratios if x is not None]  # None: a one-token answer's decode rate
+    return statistics.median(known) if known else None
 
 
 def _row(name: str, runs: list[dict[str, RunResult]]) -> dict[str, Any]:
-    base = [r[BASELINE].stats for r in runs]
-    per = [{"tps": round(r[name].stats.tokens_per_second, 3),
-            "ratio": _ratio(r[name].stats.tokens_per_second, b.tokens_per_second),
-            "decode_ratio": _ratio(r[name].stats.decode_tokens_per_second,
-                                   b.decode_tokens_per_second),
-            "ttft": round(r[name].stats.ttft_seconds, 4), "baseline_ttft": round(b.ttft_seconds, 4),
-            "identical": r[name].tokens == r[BASELINE].tokens}
-           for r, b in zip(runs, base, strict=True)]
-    return {"ratio": statistics.median(x["ratio"] for x in per),
-            "decode_ratio": statistics.median(x["decode_ratio"] for x in per),
-            "time_ratio": round(sum(b.total_seconds for b in base)
-                                / sum(r[name].stats.total_seconds for r in runs), 4),
+    sides, base = [r[name] for r in runs], [r[BASELINE] for r in runs]
+    ratios = paired_speedups(sides, base)
+    decode = paired_speedups(sides, base, "decode_tokens_per_second")
+    per = [{"tps": round(x.stats.tokens_per_second, 3), "ratio": ratio, "decode_ratio": dec,
+            "ttft": round(x.stats.ttft_seconds, 4), "baseline_ttft": round(b.stats.ttft_seconds, 4),
+            "identical": x.tokens == b.tokens}
+           for x, b, ratio, dec in zip(sides, base, ratios, decode, strict=True)]
+    return {"ratio": _median(ratios), "decode_ratio": _median(decode),
+            "time_ratio": round(sum(b.stats.total_seconds for b in base)
+                                / sum(x.stats.total_seconds for x in sides), 4),
             "identical": all(x["identical"] for x in per), "runs": per}
 
 
@@ -147,12 +149,11 @@ def main() -> None:
     for r in result["prompts"]:
         for name in result["sides"]:
             x = r[name]
-            per = ", ".join(f"{run['ratio']:.3f}" for run in x["runs"])
-            print(f"| {r['name']} | {name} | {x['time_ratio']:.3f}x | {x['ratio']:.3f}x | "
-                  f"{x['decode_ratio']:.3f}x | {per} | {'yes' if x['identical'] else 'no'} |")
+            per = ", ".join(f"{run['ratio']}" for run in x["runs"])
+            print(f"| {r['name']} | {name} | {x['time_ratio']:.3f}x | {x['ratio']}x | "
+                  f"{x['decode_ratio']}x | {per} | {'yes' if x['identical'] else 'no'} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        atomic_write(Path(args.json), json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -170,9 +170,6 @@ class EngineContender:
     draft: DraftSettings
     apart: bool = False
 
-    def run(self, prompt: tuple[int, ...]) -> RunResult:
-        return run_alone(self, prompt)
-
     def steps(self, prompt: tuple[int, ...]) -> Steps:
         self.engine.clear_caches()  # no prefix reuse between runs: each pays its prompt
         req = build_request(self.engine, prompt, ChatOptions(
@@ -197,9 +194,6 @@ class LlamaCppPythonContender:
     cfg: BenchConfig
     eos: frozenset[int]
     name: str = "llama-cpp-python"
-
-    def run(self, prompt: tuple[int, ...]) -> RunResult:
-        return run_alone(self, prompt)
 
     def steps(self, prompt: tuple[int, ...]) -> Steps:
         # Llama.generate(reset=True) still reuses the longest cached prefix: without this every
@@ -357,15 +351,15 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
     # llama-cpp-python's own loop runs beside the speculative engine in lockstep (see race):
     # the ratio that matters most then carries no drift. The engine's other runs share its one
     # context, so they take turns, whole runs apart.
-    paired: dict[str, Contender] = {baseline: spec} if raced(baseline) else {}
+    partner = spec if raced(baseline) else None
     for prompt in prompts:
         tokens = _prompt_tokens(engine, prompt, cfg.raw)
         res = PromptResult(prompt)
         for rep in range(cfg.repeats):
             for c in repeat_order(contenders, rep):
-                if any(c is partner for partner in paired.values()):
-                    continue  # raced beside its partner
-                together = [c, paired[c.name]] if c.name in paired else [c]
+                if c is partner:
+                    continue  # raced beside the baseline
+                together = [c, partner] if partner is not None and c.name == baseline else [c]
                 if rep % 2:
                     together.reverse()  # the pair takes turns processing its prompt first
                 # With the history drafter on, every run of a prompt drafts from the index as

@@ -244,7 +244,7 @@ def test_runs_apart_do_not_teach_auto(f32_engine: SpeculativeEngine) -> None:
 def test_llama_cpp_python_baseline_pays_its_prompt_every_run(target_gguf: Path) -> None:
     """bench's "target alone" processes the whole prompt on every repeat, as the engine does:
     Llama.generate(reset=True) would otherwise reuse the prompt cached by the previous run."""
-    from localspec.benchmarking import BenchConfig, LlamaCppPythonContender
+    from localspec.benchmarking import BenchConfig, LlamaCppPythonContender, run_alone
 
     llm = open_llama(target_gguf, ModelSettings(n_ctx=512))
     evaluated: list[int] = []
@@ -258,9 +258,9 @@ def test_llama_cpp_python_baseline_pays_its_prompt_every_run(target_gguf: Path) 
     try:
         contender = LlamaCppPythonContender(llm, BenchConfig(max_tokens=4), frozenset())
         prompt = tuple(llm.tokenize(PROMPTS[0].encode()))
-        first = contender.run(prompt)
+        first = run_alone(contender, prompt)
         evaluated.clear()
-        again = contender.run(prompt)
+        again = run_alone(contender, prompt)
         assert evaluated[0] == len(prompt)  # the whole prompt, not its last token
         assert again.tokens == first.tokens
     finally:
