@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -188,6 +190,31 @@ def test_concave_verify_cost_considers_longer_drafts() -> None:
     assert ctl._constant_rate(0.75, room=1)[0] == 0  # K=1 alone loses
     assert ctl.model_worth_trying(room=100)
     assert ctl.keep_going(1, Proposal("model", tokens=[1], confidences=[0.97]))
+
+
+def test_fixed_costs_learn_nothing_not_even_a_first_observation() -> None:
+    """A what-if's stated costs (``use_calibration(learn=False)``) stay as stated: the draft's
+    first-token and catch-up prices, which take their first observation whole when learning,
+    are not this machine's either."""
+    def observed(costs: CostModel) -> CostModel:
+        costs.observe_verify(2, 9.0)
+        costs.observe_verify(32, 9.0)
+        costs.observe_draft(9.0)
+        costs.observe_draft_pass(4, 9.0)
+        costs.observe_draft_first(9.0)
+        costs.observe_catch_up(8, 9.0)
+        return costs
+
+    def fresh() -> CostModel:
+        return CostModel.from_measurements({1: 0.01, 2: 0.011, 5: 0.012, 32: 0.02}, 4, 0.001)
+
+    fixed = fresh()
+    fixed.learning = False
+    assert observed(fixed) == replace(fresh(), learning=False)
+    learning = observed(fresh())  # the same observations move every price when learning
+    assert learning.verify(2) > 0.011 and learning.wide[32] > 0.02
+    assert learning.draft_token > 0.001
+    assert learning.draft_first == 9.0 and learning.catch_up_token == 9.0 / 8
 
 
 def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:

@@ -39,6 +39,9 @@ class CostModel:
     target: list[float]
     draft_token: float
     smoothing: float = 0.25
+    # False: a what-if's costs, fixed. The first-observation shortcuts below (a draft's first
+    # token, its catch-up) would otherwise take this machine's times into a stated curve.
+    learning: bool = True
     # Seconds per token when the draft catches up, in one batch, on tokens it skipped while the
     # target decoded alone; 0 until observed (then estimated from the target's batched curve).
     catch_up_token: float = 0.0
@@ -98,6 +101,8 @@ class CostModel:
         return floor
 
     def observe_verify(self, n: int, seconds: float) -> None:
+        if not self.learning:
+            return
         if 0 < n < len(self.target):
             self.target[n] += self.smoothing * (seconds - self.target[n])
         elif n in self.wide:
@@ -120,6 +125,8 @@ class CostModel:
         return self.draft_token * self.verify(width) / self.verify(1)
 
     def observe_draft(self, per_token: float) -> None:
+        if not self.learning:
+            return
         self.draft_token += self.smoothing * (per_token - self.draft_token)
 
     def observe_draft_pass(self, width: int, seconds: float) -> None:
@@ -129,6 +136,8 @@ class CostModel:
         self.observe_draft(seconds * self.verify(1) / self.verify(max(width, 1)))
 
     def observe_draft_first(self, seconds: float) -> None:
+        if not self.learning:
+            return
         self.draft_first = seconds if self.draft_first <= 0 else (
             self.draft_first + self.smoothing * (seconds - self.draft_first))
 
@@ -150,7 +159,7 @@ class CostModel:
         return n * per
 
     def observe_catch_up(self, n: int, seconds: float) -> None:
-        if n > 1:
+        if n > 1 and self.learning:
             per = seconds / n
             self.catch_up_token = per if self.catch_up_token <= 0 else (
                 self.catch_up_token + self.smoothing * (per - self.catch_up_token))

@@ -308,8 +308,7 @@ class SpeculativeEngine:
         self.calibration = cal
         self._costs = CostModel.from_measurements(cal.target_points, self.k_max,
                                                   cal.draft_token)
-        if not learn:
-            self._costs.smoothing = 0.0
+        self._costs.learning = learn
 
     def _ensure_calibrated(self, run: _Run) -> None:
         """Measure costs and drift once (after the first token: it never delays it)."""
