@@ -215,6 +215,11 @@ def test_fixed_costs_learn_nothing_not_even_a_first_observation() -> None:
     assert learning.verify(2) > 0.011 and learning.wide[32] > 0.02
     assert learning.draft_token > 0.001
     assert learning.draft_first == 9.0 and learning.catch_up_token == 9.0 / 8
+    # A tree node's host work is this machine's CPU's: learned under fixed device costs too.
+    fixed.observe_tree_host(10, 0.004)
+    assert fixed.node_host() == pytest.approx(0.0004)
+    fixed.observe_tree_host(10, 0.008)
+    assert 0.0004 < fixed.node_host() < 0.0008
 
 
 def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:

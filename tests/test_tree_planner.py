@@ -141,6 +141,32 @@ def test_the_controller_asks_for_trees_only_where_they_pay() -> None:
     assert small is not None and small.nodes <= 12
 
 
+def test_host_work_per_node_narrows_the_tree_where_a_pass_is_short() -> None:
+    """No device pass prices a node's host work (ranking its children, the branch
+    bookkeeping). Where it is a fair share of a pass (a GPU's 12 ms pass against 0.36 ms a
+    node measured here) the plan is a smaller tree that still beats plain decoding; where a
+    pass takes far longer (a target partly in system RAM: 250 ms) it stays a wide tree."""
+    def plan(host_share: float) -> tree_planner.TreePlan:
+        costs = _costs(GPU)
+        costs.tree_node_host = host_share * costs.verify(1)
+        return tree_planner.plan(DEPTH, SIBLINGS, costs, max_nodes=255, max_branches=32)
+
+    free, dear, cheap = plan(0.0), plan(0.03), plan(0.0014)
+    assert not free.is_chain and free.nodes > 40
+    assert 2 <= dear.nodes < free.nodes / 2
+    assert dear.rate * _costs(GPU).verify(1) > 1.0
+    assert not cheap.is_chain and cheap.nodes > 40
+    # The controller's free drafters (history, lookup) rank no children: no host per node.
+    ctl = DraftController(_costs(GPU), 12)
+    ctl.costs.tree_node_host = 0.03 * ctl.costs.verify(1)
+    for name in ("history", "model"):
+        ctl.acceptance[name].rate = 0.7
+    free_plan = ctl.tree_plan(room=100, max_nodes=255, branches=32, source="history")
+    model_plan = ctl.tree_plan(room=100, max_nodes=255, branches=32, source="model")
+    assert free_plan is not None
+    assert model_plan is None or model_plan.nodes < free_plan.nodes
+
+
 class _Counted:
     """A cost model that counts the widths it is asked to price; ``floor`` False: it claims
     a wider pass may cost nothing, which leaves the planner nothing to stop its walk on."""
@@ -160,6 +186,9 @@ class _Counted:
 
     def draft_start(self) -> float:
         return self.costs.draft_start()
+
+    def node_host(self) -> float:
+        return self.costs.node_host()
 
 
 def test_the_walk_stops_where_no_wider_plan_can_win() -> None:

@@ -42,6 +42,12 @@ class CostModel:
     # False: a what-if's costs, fixed. The first-observation shortcuts below (a draft's first
     # token, its catch-up) would otherwise take this machine's times into a stated curve.
     learning: bool = True
+    # Seconds of host work per node of a draft model's tree, outside any decode: ranking each
+    # node's children, the KV cache's branch bookkeeping. No device pass prices it, and at GPU
+    # speed it weighs like the passes a wide tree saves (benchmarks/README.md, 2026-12-04
+    # evening: 0.36 ms a node here, against a 12 ms pass). It is this machine's CPU's, so
+    # learned even where a what-if fixes the device's costs; 0 until a tree is drafted.
+    tree_node_host: float = 0.0
     # Seconds per token when the draft catches up, in one batch, on tokens it skipped while the
     # target decoded alone; 0 until observed (then estimated from the target's batched curve).
     catch_up_token: float = 0.0
@@ -112,6 +118,16 @@ class CostModel:
     def widest(self) -> int:
         """The widest target pass measured (or in the table): what a plan may rely on."""
         return max(len(self.target) - 1, max(self.wide, default=0))
+
+    def node_host(self) -> float:
+        """Host seconds a draft model's tree node costs (see ``tree_node_host``)."""
+        return self.tree_node_host
+
+    def observe_tree_host(self, nodes: int, seconds: float) -> None:
+        if nodes > 0:
+            per = seconds / nodes
+            self.tree_node_host = per if self.tree_node_host <= 0 else (
+                self.tree_node_host + 0.25 * (per - self.tree_node_host))
 
     def draft_start(self) -> float:
         """Seconds of a step's first draft pass (see ``draft_first``)."""
@@ -556,6 +572,9 @@ class _Free:
         return 0.0
 
     def draft_start(self) -> float:
+        return 0.0
+
+    def node_host(self) -> float:
         return 0.0
 
 

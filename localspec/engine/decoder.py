@@ -303,8 +303,9 @@ class SpeculativeEngine:
 
     def use_calibration(self, cal: Calibration, learn: bool = True) -> None:
         """Decide with these costs and this drift (measured elsewhere, or a what-if such as a
-        memory-bound GPU's costs); ``learn=False`` keeps them fixed instead of refining them
-        with the times observed here."""
+        memory-bound GPU's costs); ``learn=False`` keeps the device's costs fixed instead of
+        refining them with the times observed here (the host's work per tree node is this
+        machine's, and is learned either way)."""
         self.calibration = cal
         self._costs = CostModel.from_measurements(cal.target_points, self.k_max,
                                                   cal.draft_token)
@@ -759,6 +760,8 @@ class SpeculativeEngine:
         if prop.catch_up_tokens <= 2:  # what the last step added: a step's usual start
             self._costs.observe_draft_first(first)
         self._costs.observe_catch_up(prop.catch_up_tokens, first)
+        if not prop.is_chain:
+            self._costs.observe_tree_host(len(prop.tokens), prop.seconds - prop.decode_seconds)
 
     def _tree_request(self, run: _Run, controller: DraftController, room: int,
                       drafter: Drafter) -> TreeRequest | None:

@@ -3,9 +3,10 @@
 A step that verifies a tree yields its accepted branch plus the target's own next token, so it
 yields ``1 + sum(P(node))`` tokens on average, P(node) being the probability that the path from
 the root to that node is accepted (every node on it equals the target's choice). It costs one
-target pass over all nodes, plus one draft pass per level but the last. Where a target pass
-over many tokens costs about what one costs (a GPU, an offloaded model), the best use of the
-pass is a wide tree; where it climbs steeply (a small CPU), a short chain or nothing.
+target pass over all nodes, plus one draft pass per level but the last, plus the host work of
+drafting each node (which no device pass prices: at GPU speed it decides how wide). Where a
+target pass over many tokens costs about what one costs (a GPU, an offloaded model), the best
+use of the pass is a wide tree; where it climbs steeply (a small CPU), a short chain or nothing.
 
 Nodes are chosen best first by P (SpecInfer, Sequoia, EAGLE-2 choose the same way): a child's P
 is its parent's times its own chance of matching given the parent matched, so best-first order
@@ -37,6 +38,9 @@ class TreeCosts(Protocol):
 
     def draft_start(self) -> float:
         """The draft's first pass of a step (catching up on the tokens the last step added)."""
+
+    def node_host(self) -> float:
+        """Host work per node drafted (ranking its children, bookkeeping): no pass prices it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
     draft_pass = _Memo(costs.draft_pass)
     one_pass = verify(1)
     start = costs.draft_start()
+    host = costs.node_host()
     # Candidates: (-P, order, parent, depth, rank). ``order`` breaks ties first come first.
     heap: list[tuple[float, int, int, int, int]] = [(-keep * depth_rates[0], 0, -1, 0, 0)]
     order = 1
@@ -121,10 +126,12 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
         level[depth] += 1
         total += p
         expected = 1.0 + total
-        seconds = verify(len(node_p) + 1) + tie * one_pass * expected + start + inner
+        seconds = (verify(len(node_p) + 1) + tie * one_pass * expected + start + inner
+                   + host * len(node_p))
         if expected / seconds > best.rate:
             best = TreePlan(len(node_p), len(level), widest, leaves, expected, seconds, p)
-        if most <= best.rate * (costs.verify_floor(len(node_p) + 2) + start):
+        if most <= best.rate * (costs.verify_floor(len(node_p) + 2) + start
+                                + host * (len(node_p) + 1)):
             break
         # Its first child, and its own next sibling (the next rank under the same parent).
         if depth + 1 < len(depth_rates):
