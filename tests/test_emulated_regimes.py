@@ -5,27 +5,14 @@ Q4_K_M pair (real llama.cpp: the recorded widths are the decodes the engine made
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from localspec.engine.calibration import WIDE_WIDTHS
+from tests.benchmark_scripts import load_script
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "emulated_regimes.py"
-    spec = importlib.util.spec_from_file_location("emulated_regimes_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-er = _load()
+er = load_script("emulated_regimes")
 
 
 def test_the_prompts_batches_are_split_from_the_passes_after_it() -> None:

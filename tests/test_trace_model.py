@@ -4,26 +4,14 @@ texts (the recording itself needs real models and belongs to the benchmark)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.benchmark_scripts import load_script
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "trace_model.py"
-    spec = importlib.util.spec_from_file_location("trace_model_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tm = _load()
+tm = load_script("trace_model")
 STEEP = {1: 1.0, 4: 2.0, 8: 4.0}
 FLAT = {1: 1.0, 64: 1.0}
 LINEAR = {1: 1.0, 64: 64.0}
