@@ -165,6 +165,14 @@ def test_host_work_per_node_narrows_the_tree_where_a_pass_is_short() -> None:
     model_plan = ctl.tree_plan(room=100, max_nodes=255, branches=32, source="model")
     assert free_plan is not None
     assert model_plan is None or model_plan.nodes < free_plan.nodes
+    # A plan made before the host work was learned is not reused after it.
+    fresh = DraftController(_costs(GPU), 12)
+    fresh.acceptance["model"].rate = 0.7
+    before = fresh.tree_plan(room=100, max_nodes=255, branches=32)
+    assert before is not None and before.nodes > 40
+    fresh.costs.observe_tree_host(10, 10 * 0.03 * fresh.costs.verify(1))
+    after = fresh.tree_plan(room=100, max_nodes=255, branches=32)
+    assert after is None or after.nodes < before.nodes / 2
 
 
 class _Counted:

@@ -125,9 +125,7 @@ class CostModel:
 
     def observe_tree_host(self, nodes: int, seconds: float) -> None:
         if nodes > 0:
-            per = seconds / nodes
-            self.tree_node_host = per if self.tree_node_host <= 0 else (
-                self.tree_node_host + 0.25 * (per - self.tree_node_host))
+            self.tree_node_host = self._moved(self.tree_node_host, seconds / nodes)
 
     def draft_start(self) -> float:
         """Seconds of a step's first draft pass (see ``draft_first``)."""
@@ -154,8 +152,7 @@ class CostModel:
     def observe_draft_first(self, seconds: float) -> None:
         if not self.learning:
             return
-        self.draft_first = seconds if self.draft_first <= 0 else (
-            self.draft_first + self.smoothing * (seconds - self.draft_first))
+        self.draft_first = self._moved(self.draft_first, seconds)
 
     def drafting(self, n: int) -> float:
         """Seconds to draft ``n`` tokens in a step that follows a drafting step."""
@@ -176,9 +173,12 @@ class CostModel:
 
     def observe_catch_up(self, n: int, seconds: float) -> None:
         if n > 1 and self.learning:
-            per = seconds / n
-            self.catch_up_token = per if self.catch_up_token <= 0 else (
-                self.catch_up_token + self.smoothing * (per - self.catch_up_token))
+            self.catch_up_token = self._moved(self.catch_up_token, seconds / n)
+
+    def _moved(self, price: float, seen: float) -> float:
+        """A price that starts unknown (0) taken whole from its first observation, then
+        moved toward each one by ``smoothing``."""
+        return seen if price <= 0 else price + self.smoothing * (seen - price)
 
 
 MAX_DEPTH = 33  # depths learned apart: a model's drafts are at most 32 tokens (a free
@@ -798,7 +798,10 @@ class DraftController:
         depth = [round(r * 50) / 50 for r in depth]
         sib = [round(r * 50) / 50 for r in sib]
         tie = round(self.ties.rate * 20) / 20
-        key = (tuple(depth), tuple(sib), tie, max_nodes, branches, source)
+        # A node's host work starts at 0 and is learned from the first tree on: a plan made
+        # before must not outlive it (a share of a pass, on a grid of 0.001).
+        host = round(costs.node_host() / costs.verify(1) * 1000) / 1000
+        key = (tuple(depth), tuple(sib), tie, host, max_nodes, branches, source)
         if key in self._trees:
             self._trees[key] = self._trees.pop(key)  # the newest last
             return self._trees[key]
