@@ -35,7 +35,7 @@ import argparse
 import json
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +110,13 @@ def split_prefill(widths: list[int], prompt: int) -> tuple[list[int], list[int]]
 
 @dataclass
 class Side:
+    """One contender on its own engine, with the passes its runners have made."""
+
     name: str
     engine: SpeculativeEngine
     contender: EngineContender
     target_log: _PassLog
     draft_log: _PassLog | None
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _priced_run(side: Side, tokens: tuple[int, ...], curve: Curve, ratio: float,
@@ -181,15 +182,14 @@ def run_regime(args: argparse.Namespace, regime: str) -> dict[str, Any]:
             for side in sides:
                 row[side.name] = _priced_run(side, tokens, curve, args.draft_ratio, unit_s)
             alone = row["alone"]
-            for name in SIDES[1:]:
-                x = row[name]
+            for side in sides[1:]:
+                x = row[side.name]
                 # Tokens per pass: the target alone's one-token passes (its stop token's too)
                 # that each of this side's passes stands for.
                 x["tokens_per_pass"] = round(alone["target_passes"] / max(1, x["target_passes"]),
                                              3)
                 x["identical"] = x["tokens"] == alone["tokens"]
-                if not x["identical"]:  # where, and how near a tie the target's choice was
-                    side = next(s for s in sides if s.name == name)  # its near-tie guard
+                if not x["identical"]:  # where, and how near a tie (by its engine's guard)
                     x["first_difference"] = first_difference(
                         side.engine, tokens, alone["tokens"], x["tokens"],
                         side.contender.cfg.sampling)
@@ -204,11 +204,12 @@ def run_regime(args: argparse.Namespace, regime: str) -> dict[str, Any]:
                   file=sys.stderr, flush=True)
             out.append(row)
     total = {name: sum(r[name]["units"] for r in out) for name in SIDES}
-    host = {name: sum(r[name]["emulated_s"] for r in out) for name in SIDES}
+    emulated = {name: sum(r[name]["emulated_s"] for r in out) for name in SIDES}
     return {"curve": {str(k): v for k, v in curve.items()}, "unit_ms": unit_ms,
             "draft_ratio": args.draft_ratio, "prompts": out,
             "speedup": {n: round(total["alone"] / total[n], 3) for n in SIDES[1:]},
-            "speedup_with_host": {n: round(host["alone"] / host[n], 3) for n in SIDES[1:]},
+            "speedup_with_host": {n: round(emulated["alone"] / emulated[n], 3)
+                                  for n in SIDES[1:]},
             "trees_over_chains": round(total["chains"] / total["trees"], 3),
             "min_trees_over_chains": min(r["trees_over_chains"] for r in out),
             "identical": all(r[n]["identical"] for r in out for n in SIDES[1:])}
