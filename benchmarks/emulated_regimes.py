@@ -16,11 +16,12 @@ machine, and the text is checked against the target alone's.
 
 Time is then priced, not measured: every llama_decode is recorded by width, and a target pass of
 n tokens costs ``curve(n)`` one-token passes (``trace_model.pass_cost``), a draft pass
-``--draft-ratio`` times that. No time measured here enters a decision (costs are fixed, and
-acceptance does not depend on the machine), so one run is the figure: run it again and the
-passes are the same, up to a near-tie the batched kernels decide differently. The host work
-(Python outside llama_decode) is measured here and reported beside, at the regime's stated
-one-token pass (``--unit-ms``), as the share a machine with this CPU would add.
+``--draft-ratio`` times that. The device's costs are fixed and acceptance does not depend on
+the machine; the one time measured here that enters a decision is the host work per tree node
+(the planner prices it against the stated pass), so a run depends on this CPU only through
+that, and repeats up to it and to a near-tie the batched kernels decide differently. The host
+work (Python outside llama_decode) is also reported beside, at the regime's stated one-token
+pass (``--unit-ms``), as the share a machine with this CPU would add.
 
 Per regime, three contenders, each its own engine learning across the prompts as a user's would:
 the target alone (the engine's plain decoding), auto with trees (the default) and auto with
