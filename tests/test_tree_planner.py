@@ -170,7 +170,7 @@ def test_host_work_per_node_narrows_the_tree_where_a_pass_is_short() -> None:
     fresh.acceptance["model"].rate = 0.7
     before = fresh.tree_plan(room=100, max_nodes=255, branches=32)
     assert before is not None and before.nodes > 40
-    fresh.costs.observe_tree_host(10, 10 * 0.03 * fresh.costs.verify(1))
+    fresh.costs.observe_draft_host(10, 10 * 0.03 * fresh.costs.verify(1), tree=True)
     after = fresh.tree_plan(room=100, max_nodes=255, branches=32)
     assert after is None or after.nodes < before.nodes / 2
 
@@ -199,6 +199,20 @@ class _Counted:
         return self.costs.node_host()
 
 
+class _HostFolded(_Counted):
+    """A cost model with no host work per node and no floor, its verification carrying the
+    host work instead: the same seconds for every plan, and nothing to stop a walk early."""
+
+    def __init__(self, costs: CostModel) -> None:
+        super().__init__(costs, floor=False)
+
+    def verify(self, n: int) -> float:
+        return super().verify(n) + self.costs.node_host() * (n - 1)
+
+    def node_host(self) -> float:
+        return 0.0
+
+
 def test_the_walk_stops_where_no_wider_plan_can_win() -> None:
     # On a steep curve the answer (a short chain or nothing) is known after a few nodes: the
     # planner runs at every step, so walking all 255 cost milliseconds a token.
@@ -216,6 +230,17 @@ def test_the_walk_stops_where_no_wider_plan_can_win() -> None:
     assert tree_planner.plan([0.6] * 32, SIBLINGS, prose, max_nodes=255, max_branches=32,
                              tie=0.2).nodes == 0
     assert prose.priced < 20
+    # A GPU's short pass with host work per node: the walk ends where another node's worth
+    # falls under what its host work costs, not at the node limit.
+    gpu = _costs(GPU)
+    gpu.tree_node_host = 0.03 * gpu.verify(1)
+    rates = [0.8] * 32  # a deep unbounded tree: the mass bound alone walks every node
+    short, whole = _Counted(gpu), _HostFolded(gpu)
+    plan = tree_planner.plan(rates, SIBLINGS, short, max_nodes=255, max_branches=32)
+    assert plan.nodes == tree_planner.plan(rates, SIBLINGS, whole, max_nodes=255,
+                                           max_branches=32).nodes
+    assert whole.priced > 200
+    assert short.priced < whole.priced / 3
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -240,6 +265,14 @@ def test_stopping_early_never_changes_the_plan(seed: int) -> None:
         full = tree_planner.plan(depth, siblings, _Counted(costs, floor=False),
                                  **kw)  # type: ignore[arg-type]
         assert fast == full
+        # With host work per node (a GPU's short pass), against a walk that cannot stop early:
+        # the same seconds, the host work folded into its verification instead.
+        costs.tree_node_host = costs.verify(1) * rng.choice([0.001, 0.01, 0.03, 0.1])
+        fast = tree_planner.plan(depth, siblings, _Counted(costs), **kw)  # type: ignore[arg-type]
+        full = tree_planner.plan(depth, siblings, _HostFolded(costs),
+                                 **kw)  # type: ignore[arg-type]
+        assert (fast.nodes, fast.depth, fast.width) == (full.nodes, full.depth, full.width)
+        assert fast.rate == pytest.approx(full.rate, rel=1e-12)
 
 
 def test_verify_floor_is_the_least_of_any_wider_pass() -> None:
@@ -275,6 +308,37 @@ def test_the_controller_keeps_plans_while_drafters_take_turns(
     ctl.acceptance["model"].rate = 0.3  # a rate that moved plans anew
     ctl.tree_plan(room=100, max_nodes=255, branches=32, source="model")
     assert len(walks) == 6
+
+
+def test_a_repeated_chain_verdict_pauses_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a GPU's step a plan's millisecond counts: a chain verdict that keeps repeating stands
+    for 1, 2, 4, then 8 steps; a tree found ends the pause, and trees are planned each step."""
+    walks = []
+    real = tree_planner.plan
+
+    def counted(*args: object, **kw: object) -> tree_planner.TreePlan:
+        walks.append(kw.get("max_width"))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tree_planner, "plan", counted)
+    ctl = _controller(CPU_Q4)
+    planned = []
+    for i in range(30):  # rates that move at every step: no plan is kept for the next
+        ctl.acceptance["model"].rate = 0.4 + 0.02 * i
+        before = len(walks)
+        assert ctl.tree_plan(room=100, max_nodes=255, branches=32) is None
+        if len(walks) > before:
+            planned.append(i + 1)
+    # Planned at calls 1-4 (the verdict repeating), then after pauses of 1, 2, 4 and 8.
+    assert planned == [1, 2, 3, 4, 6, 9, 14, 23]
+    assert walks.count(None) == 8  # one tree plan each (and the best chain only beside a tree)
+    # The device turns out flat: within the longest pause the planner sees it, and from
+    # the first tree on it plans every step (here from its kept plans).
+    ctl.costs = _costs(GPU)
+    after = [ctl.tree_plan(room=100, max_nodes=255, branches=32) for _ in range(20)]
+    first_tree = next(i for i, p in enumerate(after) if p is not None)
+    assert first_tree <= DraftController.TREE_PAUSE_MAX
+    assert all(p is not None and not p.is_chain for p in after[first_tree:])
 
 
 def test_a_verified_tree_teaches_depths_siblings_and_bins() -> None:

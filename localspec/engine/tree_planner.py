@@ -85,6 +85,7 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
     # step, and re-summing the levels' draft passes per node made it O(nodes x depth) calls.
     verify = _Memo(costs.verify)
     draft_pass = _Memo(costs.draft_pass)
+    floor = _Memo(costs.verify_floor)
     one_pass = verify(1)
     start = costs.draft_start()
     host = costs.node_host()
@@ -96,11 +97,12 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
     level: list[int] = []  # nodes per depth
     inner = 0.0  # draft passes of every level but the last (the last is never drafted from)
     roots, leaves, widest, total = 0, 0, 0, 0.0
-    best = plain
+    best, best_rate = plain, plain.rate
     # No tree yields more than every node of the unbounded tree would: once a pass over the
     # nodes so far, and any wider one, costs more than that is worth at the best rate found,
     # no wider plan can win (on a steep CPU curve that ends the walk after a few nodes).
     most = 1.0 + _full_mass(depth_rates, sibling_rates[:width_cap - 1], keep)
+    bounded = max(depth_rates, default=0.0) <= 1.0 and max(sibling_rates, default=0.0) <= 1.0
     while heap and len(node_p) < max_nodes:
         neg_p, _, parent, depth, rank = heapq.heappop(heap)
         p = -neg_p
@@ -128,10 +130,11 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
         expected = 1.0 + total
         seconds = (verify(len(node_p) + 1) + tie * one_pass * expected + start + inner
                    + host * len(node_p))
-        if expected / seconds > best.rate:
+        if expected / seconds > best_rate:
             best = TreePlan(len(node_p), len(level), widest, leaves, expected, seconds, p)
-        if most <= best.rate * (costs.verify_floor(len(node_p) + 2) + start
-                                + host * (len(node_p) + 1)):
+            best_rate = best.rate
+        least = floor(len(node_p) + 2) + start + host * (len(node_p) + 1)
+        if most <= best_rate * least:
             break
         # Its first child, and its own next sibling (the next rank under the same parent).
         if depth + 1 < len(depth_rates):
@@ -143,6 +146,15 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
             heapq.heappush(heap, (-parent_p * keep * sibling_rates[rank], order, parent, depth,
                                   rank + 1))
             order += 1
+        # Nor can one whose every further node is worth at most the best candidate's P (a
+        # child's P is at most its parent's): m more nodes add at most m * P tokens and
+        # m * host seconds, so once one more does not pay and P is under what a node's host
+        # work costs at the best rate, no number of them does. Where host work is a fair
+        # share of a pass (a GPU) this ends the walk long before the node limit.
+        if host > 0 and heap and bounded:
+            top = -heap[0][0]
+            if top <= best_rate * host and expected + top <= best_rate * least:
+                break
     return best
 
 
