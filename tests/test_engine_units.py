@@ -216,10 +216,31 @@ def test_fixed_costs_learn_nothing_not_even_a_first_observation() -> None:
     assert learning.draft_token > 0.001
     assert learning.draft_first == 9.0 and learning.catch_up_token == 9.0 / 8
     # A tree node's host work is this machine's CPU's: learned under fixed device costs too.
-    fixed.observe_tree_host(10, 0.004)
+    fixed.observe_draft_host(10, 0.004, tree=True)
     assert fixed.node_host() == pytest.approx(0.0004)
-    fixed.observe_tree_host(10, 0.008)
+    fixed.observe_draft_host(10, 0.008, tree=True)
     assert 0.0004 < fixed.node_host() < 0.0008
+
+
+def test_a_chains_host_work_prices_tree_nodes_until_a_tree_is_drafted() -> None:
+    costs = CostModel.from_measurements({1: 0.012, 2: 0.0121, 32: 0.013}, 4, 0.0006)
+    assert costs.node_host() == 0.0
+    costs.observe_draft_host(8, 0.0024, tree=False)  # 0.3 ms a chain token
+    assert costs.node_host() == pytest.approx(0.0003)
+    costs.observe_draft_host(4, 0.0008, tree=False)
+    assert 0.0002 < costs.node_host() < 0.0003
+    # One slow first tree (cold caches: 4x) moves the price by the smoothing, not to itself.
+    before = costs.node_host()
+    costs.observe_draft_host(50, 50 * 4 * before, tree=True)
+    assert costs.node_host() == pytest.approx(before + costs.smoothing * 3 * before)
+    # From then on, trees alone teach it: a chain's work is not a tree's.
+    after = costs.node_host()
+    costs.observe_draft_host(8, 0.0001, tree=False)
+    assert costs.node_host() == after
+    # With no chain drafted first, a tree's own host work is taken whole.
+    fresh = CostModel.from_measurements({1: 0.012, 2: 0.0121, 32: 0.013}, 4, 0.0006)
+    fresh.observe_draft_host(40, 0.016, tree=True)
+    assert fresh.node_host() == pytest.approx(0.0004)
 
 
 def test_peeks_only_where_drafting_could_pay_and_back_off() -> None:

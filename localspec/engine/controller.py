@@ -46,8 +46,10 @@ class CostModel:
     # node's children, the KV cache's branch bookkeeping. No device pass prices it, and at GPU
     # speed it weighs like the passes a wide tree saves (benchmarks/README.md, 2026-12-04
     # evening: 0.36 ms a node here, against a 12 ms pass). It is this machine's CPU's, so
-    # learned even where a what-if fixes the device's costs; 0 until a tree is drafted.
+    # learned even where a what-if fixes the device's costs. Until a tree is drafted, a chain's
+    # host work per drafted token stands in for it (see observe_draft_host); 0 before either.
     tree_node_host: float = 0.0
+    tree_host_seen: bool = False  # a tree's host work has been observed
     # Seconds per token when the draft catches up, in one batch, on tokens it skipped while the
     # target decoded alone; 0 until observed (then estimated from the target's batched curve).
     catch_up_token: float = 0.0
@@ -123,9 +125,19 @@ class CostModel:
         """Host seconds a draft model's tree node costs (see ``tree_node_host``)."""
         return self.tree_node_host
 
-    def observe_tree_host(self, nodes: int, seconds: float) -> None:
-        if nodes > 0:
-            self.tree_node_host = self._moved(self.tree_node_host, seconds / nodes)
+    def observe_draft_host(self, tokens: int, seconds: float, tree: bool) -> None:
+        """A draft model's proposal of ``tokens`` tokens spent ``seconds`` of host work.
+
+        A tree's teaches the price of a tree node. A chain's, per token, stands in for it until
+        a tree is drafted: the same kind of work (a pick over the draft's logits, bookkeeping;
+        0.28-0.41 ms a chain token against 0.29-0.42 ms a tree node, benchmarks/README.md), so
+        the first plan is priced from this CPU rather than at nothing (a GPU's first tree was
+        a 60-node one, 23 ms of host work), and one slow first tree moves the price by the
+        smoothing instead of setting it, where it could turn trees off for good."""
+        if tokens <= 0 or (self.tree_host_seen and not tree):
+            return
+        self.tree_node_host = self._moved(self.tree_node_host, seconds / tokens)
+        self.tree_host_seen = self.tree_host_seen or tree
 
     def draft_start(self) -> float:
         """Seconds of a step's first draft pass (see ``draft_first``)."""
@@ -623,6 +635,10 @@ class DraftController:
         # Tree plans by what they were planned from (see tree_plan), the newest last; for this
         # request only (the costs they were priced at drift).
         self._trees: dict[tuple[object, ...], TreePlan | None] = {}
+        # Per drafter: chain verdicts in a row, and the plans to skip before planning again
+        # (see tree_plan).
+        self._tree_chains: dict[str, int] = {}
+        self._tree_skip: dict[str, int] = {}
 
     @property
     def model_acc(self) -> AcceptanceModel:
@@ -773,6 +789,9 @@ class DraftController:
     # on a steep cost curve a chain is what auto did before trees (it must never lose to it).
     TREE_MARGIN = 1.05
     TREE_PLANS_KEPT = 16
+    # The most steps a chain verdict stands before the planner is asked again (see tree_plan).
+    TREE_PAUSE_MAX = 8
+    TREE_CHAINS_BEFORE_PAUSE = 4
 
     def tree_plan(self, room: int, max_nodes: int, branches: int,
                   source: str | None = None) -> TreePlan | None:
@@ -787,6 +806,26 @@ class DraftController:
         if max_nodes < 2:
             return None
         source = source or self.model
+        # A plan walks up to a few hundred nodes: a millisecond of host time, a tenth of a
+        # GPU's step, where the verdict is often the same chain step after step (a GPU's short
+        # pass prices each node's host work). So once a chain verdict repeats, it stands for
+        # the next 1, 2, 4, then up to TREE_PAUSE_MAX plans while it keeps repeating; a tree
+        # verdict plans every step. A tree found late costs at most those steps of chains
+        # (what ``--tree off`` drafts); verdicts that alternate (trees about as good as
+        # chains) are planned every time.
+        if self._tree_skip.get(source, 0) > 0:
+            self._tree_skip[source] -= 1
+            return None
+        plan = self._tree_plan(room, max_nodes, source, branches)
+        chains = self._tree_chains[source] = 0 if plan is not None else \
+            self._tree_chains.get(source, 0) + 1
+        if chains >= self.TREE_CHAINS_BEFORE_PAUSE:
+            self._tree_skip[source] = min(1 << (chains - self.TREE_CHAINS_BEFORE_PAUSE),
+                                          self.TREE_PAUSE_MAX)
+        return plan
+
+    def _tree_plan(self, room: int, max_nodes: int, source: str,
+                   branches: int) -> TreePlan | None:
         acc = self.acceptance[source]
         costs: tree_planner.TreeCosts = self.costs if source == self.model else _Free(self.costs)
         depth = acc.depth_rates(0, min(MAX_DEPTH, room, max_nodes))
@@ -807,11 +846,13 @@ class DraftController:
             return self._trees[key]
         tree = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes, max_branches=branches,
                                  tie=tie)
-        chain = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes, max_branches=branches,
-                                  max_width=1, tie=tie)
+        plan = None
+        if not tree.is_chain:  # a tree: worth it only by a margin over the best chain
+            chain = tree_planner.plan(depth, sib, costs, max_nodes=max_nodes,
+                                      max_branches=branches, max_width=1, tie=tie)
+            plan = tree if tree.rate > self.TREE_MARGIN * chain.rate else None
         if len(self._trees) >= self.TREE_PLANS_KEPT:
             del self._trees[next(iter(self._trees))]
-        plan = None if tree.is_chain or tree.rate <= self.TREE_MARGIN * chain.rate else tree
         self._trees[key] = plan
         return plan
 

@@ -760,8 +760,8 @@ class SpeculativeEngine:
         if prop.catch_up_tokens <= 2:  # what the last step added: a step's usual start
             self._costs.observe_draft_first(first)
         self._costs.observe_catch_up(prop.catch_up_tokens, first)
-        if not prop.is_chain:
-            self._costs.observe_tree_host(len(prop.tokens), prop.seconds - prop.decode_seconds)
+        self._costs.observe_draft_host(len(prop.tokens), prop.seconds - prop.decode_seconds,
+                                       tree=not prop.is_chain)
 
     def _tree_request(self, run: _Run, controller: DraftController, room: int,
                       drafter: Drafter) -> TreeRequest | None:
