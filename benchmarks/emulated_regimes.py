@@ -100,13 +100,28 @@ def stated_calibration(curve: Curve, unit: float, draft_ratio: float, k_max: int
 
 
 def split_prefill(widths: list[int], prompt: int) -> tuple[list[int], list[int]]:
-    """The passes that decoded the prompt (its batches, from an empty cache) and the rest."""
+    """The passes that decoded the first ``prompt`` tokens and the rest. A pass that took in
+    the prompt's end and more (the draft catching up on the prompt and the tokens since, in
+    one batch) is split: its tokens past the prompt are priced as a pass of their own, which
+    charges the drafting side a little more than the one wider pass would cost."""
     done = 0
     for i, w in enumerate(widths):
         if done >= prompt:
             return widths[:i], widths[i:]
+        if done + w > prompt:
+            return [*widths[:i], prompt - done], [done + w - prompt, *widths[i + 1:]]
         done += w
     return widths, []
+
+
+def target_prefill(widths: list[int], prompt: int, cached: int) -> tuple[list[int], list[int]]:
+    """The target's passes split at its prompt, less the ``cached`` tokens it reused: its
+    prefill is batches of the prompt alone, so anything else means the split is wrong."""
+    prefill, rest = split_prefill(widths, prompt - cached)
+    if sum(widths[:len(prefill)]) != prompt - cached:
+        raise SystemExit(f"emulated_regimes.py: the target's first passes {widths[:4]} are "
+                         f"not its {prompt - cached} uncached prompt tokens")
+    return prefill, rest
 
 
 @dataclass
@@ -124,8 +139,11 @@ def _priced_run(side: Side, tokens: tuple[int, ...], curve: Curve, ratio: float,
                 unit_s: float) -> dict[str, Any]:
     t0, d0 = len(side.target_log.widths), len(side.draft_log.widths) if side.draft_log else 0
     res = run_alone(side.contender, tokens)
-    _, target = split_prefill(side.target_log.widths[t0:], len(tokens))
-    drafts = side.draft_log.widths[d0:] if side.draft_log else []
+    _, target = target_prefill(side.target_log.widths[t0:], len(tokens),
+                               res.stats.prompt_cached_tokens)
+    # The draft takes in the prompt when it first drafts (its cache emptied with the
+    # target's): priced out like the target's.
+    _, drafts = split_prefill(side.draft_log.widths[d0:] if side.draft_log else [], len(tokens))
     units = (sum(pass_cost(curve, w) for w in target)
              + ratio * sum(pass_cost(curve, w) for w in drafts))
     s = res.stats

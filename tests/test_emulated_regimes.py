@@ -19,6 +19,13 @@ def test_the_prompts_batches_are_split_from_the_passes_after_it() -> None:
     assert er.split_prefill([256, 44, 1, 5, 1], 300) == ([256, 44], [1, 5, 1])
     assert er.split_prefill([7, 1, 1], 7) == ([7], [1, 1])
     assert er.split_prefill([7], 7) == ([7], [])
+    # The draft catching up on the prompt and two tokens since, in one batch.
+    assert er.split_prefill([9, 1, 3], 7) == ([7], [2, 1, 3])
+    # The target: its uncached prompt in batches of its own, or the split is refused.
+    assert er.target_prefill([200, 1, 1], 300, cached=100) == ([200], [1, 1])
+    for widths, cached in (([203, 1], 100), ([150], 100)):
+        with pytest.raises(SystemExit, match="not its 200 uncached prompt tokens"):
+            er.target_prefill(widths, 300, cached)
 
 
 def test_the_stated_calibration_prices_every_width_calibration_times() -> None:
