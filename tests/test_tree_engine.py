@@ -10,6 +10,7 @@ the engine's what-if), never by a switch for tests."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -161,6 +162,30 @@ def test_drafting_trees_keeps_the_draft_tokens_price_measured(pair: tuple[Path, 
         res = run(eng, PROMPTS[1], max_tokens=48)
         assert res.stats.tree_rounds > 0
         assert eng._costs.draft_token > 2 * cheap.draft_token
+
+
+def test_a_what_if_keeps_the_device_costs_and_learns_this_cpus_host_work(
+        engine: SpeculativeEngine) -> None:
+    """Under ``learn=False`` (the what-if the emulated regimes run) the stated curve and draft
+    price stay as stated through drafting, trees included, while the host work per tree node,
+    this CPU's, is learned from the drafting it sees."""
+    from localspec.engine import DraftSettings, GenerationRequest
+
+    stated = copy.deepcopy(engine._costs)
+    assert stated.node_host() == 0.0
+    # Chains first: their host work per token stands in for a tree node's until a tree.
+    tokens = engine.tokenize(PROMPTS[1], chat=False)
+    chains = engine.generate(GenerationRequest(tokens, 24, draft=DraftSettings(tree=False)))
+    assert chains.stats.drafted > 0
+    assert engine._costs.node_host() > 0.0 and not engine._costs.tree_host_seen
+    res = run(engine, PROMPTS[1], max_tokens=48)
+    assert res.stats.tree_rounds > 0 and res.stats.draft_rounds > 0
+    costs = engine._costs
+    assert (costs.target, costs.wide, costs.draft_token) == (stated.target, stated.wide,
+                                                             stated.draft_token)
+    assert (costs.draft_first, costs.catch_up_token) == (stated.draft_first,
+                                                         stated.catch_up_token)
+    assert costs.tree_host_seen and costs.node_host() > 0.0
 
 
 def test_grafts_stay_within_the_widths_measured(pair: tuple[Path, Path]) -> None:

@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from localspec.engine import tree_planner
-from localspec.engine.controller import AcceptanceModel, CostModel, DraftController
+from localspec.engine.controller import (
+    AcceptanceModel,
+    CostModel,
+    DraftController,
+    TreePauses,
+)
 from localspec.engine.drafters import Proposal
 
 # Verification as a multiple of a one-token pass, as measured for the issue (2-core CPU) and as
@@ -275,6 +280,18 @@ def test_stopping_early_never_changes_the_plan(seed: int) -> None:
         assert fast.rate == pytest.approx(full.rate, rel=1e-12)
 
 
+def test_sibling_ranks_out_of_order_do_not_end_the_walk_early() -> None:
+    # A third guess learned likelier than the second: it is pushed only once the second is
+    # in the tree, so the best candidate then does not bound every node still to come.
+    costs = CostModel.from_measurements({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0}, 4, 0.0)
+    costs.tree_node_host = 0.1
+    fast = tree_planner.plan([0.9], [0.01, 0.9], costs, max_nodes=4, max_branches=4)
+    full = tree_planner.plan([0.9], [0.01, 0.9], _HostFolded(costs), max_nodes=4,
+                             max_branches=4)
+    assert fast.nodes == full.nodes == 3
+    assert fast.rate == pytest.approx(full.rate)
+
+
 def test_verify_floor_is_the_least_of_any_wider_pass() -> None:
     costs = CostModel.from_measurements({1: 1.0, 5: 4.0, 9: 3.0, 17: 5.0, 33: 4.5, 65: 9.0},
                                         12, 0.1)
@@ -312,7 +329,7 @@ def test_the_controller_keeps_plans_while_drafters_take_turns(
 
 def test_a_repeated_chain_verdict_pauses_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     """At a GPU's step a plan's millisecond counts: a chain verdict that keeps repeating stands
-    for 1, 2, 4, then 8 steps; a tree found ends the pause, and trees are planned each step."""
+    for 1, 2, 4, then 8 plans; a tree found ends the pause, and trees are planned each step."""
     walks = []
     real = tree_planner.plan
 
@@ -321,24 +338,32 @@ def test_a_repeated_chain_verdict_pauses_planning(monkeypatch: pytest.MonkeyPatc
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(tree_planner, "plan", counted)
-    ctl = _controller(CPU_Q4)
+    pauses = TreePauses()
+    acc = {"model": AcceptanceModel(prior_rate=0.7)}
+    steep = DraftController(_costs(CPU_Q4_AVX512), 12, acceptance=acc, model="model",
+                            tree_pauses=pauses)
     planned = []
     for i in range(30):  # rates that move at every step: no plan is kept for the next
-        ctl.acceptance["model"].rate = 0.4 + 0.02 * i
+        acc["model"].rate = 0.4 + 0.02 * i
         before = len(walks)
-        assert ctl.tree_plan(room=100, max_nodes=255, branches=32) is None
+        assert steep.tree_plan(room=100, max_nodes=255, branches=32) is None
         if len(walks) > before:
             planned.append(i + 1)
-    # Planned at calls 1-4 (the verdict repeating), then after pauses of 1, 2, 4 and 8.
+    # Planned at calls 1-4 (the verdict repeating), then after pauses of 1, 2, 4 and 8; a
+    # chain verdict walks no second plan for the best chain.
     assert planned == [1, 2, 3, 4, 6, 9, 14, 23]
-    assert walks.count(None) == 8  # one tree plan each (and the best chain only beside a tree)
-    # The device turns out flat: within the longest pause the planner sees it, and from
-    # the first tree on it plans every step (here from its kept plans).
-    ctl.costs = _costs(GPU)
-    after = [ctl.tree_plan(room=100, max_nodes=255, branches=32) for _ in range(20)]
+    assert walks == [None] * 8
+    # The next request finds the device flat (the pause carries over, as the rates do):
+    # within the longest pause the planner sees it, and from the first tree on it plans
+    # every step, a tree and the best chain beside it.
+    flat = DraftController(_costs(GPU), 12, acceptance=acc, model="model", tree_pauses=pauses)
+    after = [flat.tree_plan(room=100, max_nodes=255, branches=32) for _ in range(20)]
     first_tree = next(i for i, p in enumerate(after) if p is not None)
-    assert first_tree <= DraftController.TREE_PAUSE_MAX
+    assert 0 < first_tree <= TreePauses.MOST
     assert all(p is not None and not p.is_chain for p in after[first_tree:])
+    assert walks[8:10] == [None, 1]
+    # Another drafter's verdicts are its own.
+    assert not pauses.skip("history")
 
 
 def test_a_verified_tree_teaches_depths_siblings_and_bins() -> None:

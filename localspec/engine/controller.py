@@ -517,6 +517,40 @@ class PeekSchedule:
         self.interval = self.LEAST if worth_it else min(2 * self.interval, self.MOST)
 
 
+class TreePauses:
+    """When the tree planner is not asked: a plan walks up to a few hundred nodes, a
+    millisecond of host time and a tenth of a GPU's step, where its verdict is often the same
+    chain step after step (a GPU's short pass prices each node's host work: benchmarks/
+    README.md, 2026-12-04, night). So once a drafter's chain verdict has repeated AFTER
+    times, it stands for the next 1, 2, 4, then up to MOST plans that drafter asks for while
+    it keeps repeating; after a tree verdict, every plan is made. A tree found late costs at
+    most those steps of chains (what ``--tree off`` drafts); verdicts that alternate (trees
+    about as good as chains, seen on the tiny test models) are planned every time. Carried
+    from request to request like the acceptance rates: a GPU's short requests would otherwise
+    plan their first steps anew."""
+
+    __slots__ = ("_chains", "_skip")
+
+    AFTER, MOST = 4, 8
+
+    def __init__(self) -> None:
+        self._chains: dict[str, int] = {}  # chain verdicts in a row, by drafter
+        self._skip: dict[str, int] = {}  # plans to skip before asking again, by drafter
+
+    def skip(self, source: str) -> bool:
+        """Whether ``source`` drafts a chain unplanned this time (counts the plan skipped)."""
+        if self._skip.get(source, 0) <= 0:
+            return False
+        self._skip[source] -= 1
+        return True
+
+    def record(self, source: str, tree: bool) -> None:
+        """The planner's verdict for ``source``: a tree, or a chain."""
+        chains = self._chains[source] = 0 if tree else self._chains.get(source, 0) + 1
+        if chains >= self.AFTER:
+            self._skip[source] = min(1 << min(chains - self.AFTER, 8), self.MOST)
+
+
 def _step_outcomes(probs: Sequence[float], costs: CostModel,
                    tie: float | Sequence[float]) -> Iterator[tuple[int, float, float]]:
     """(n, expected tokens, target seconds) of verifying the first n = 0 .. len(probs) drafted
@@ -609,7 +643,7 @@ class DraftController:
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
                  acceptance: dict[str, AcceptanceModel] | None = None,
                  ties: NearTieRate | None = None, peeks: PeekSchedule | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, tree_pauses: TreePauses | None = None) -> None:
         self.costs = costs
         self.k_max = k_max
         self.fixed_k = fixed_k
@@ -635,10 +669,7 @@ class DraftController:
         # Tree plans by what they were planned from (see tree_plan), the newest last; for this
         # request only (the costs they were priced at drift).
         self._trees: dict[tuple[object, ...], TreePlan | None] = {}
-        # Per drafter: chain verdicts in a row, and the plans to skip before planning again
-        # (see tree_plan).
-        self._tree_chains: dict[str, int] = {}
-        self._tree_skip: dict[str, int] = {}
+        self.tree_pauses = tree_pauses or TreePauses()
 
     @property
     def model_acc(self) -> AcceptanceModel:
@@ -789,16 +820,14 @@ class DraftController:
     # on a steep cost curve a chain is what auto did before trees (it must never lose to it).
     TREE_MARGIN = 1.05
     TREE_PLANS_KEPT = 16
-    # The most steps a chain verdict stands before the planner is asked again (see tree_plan).
-    TREE_PAUSE_MAX = 8
-    TREE_CHAINS_BEFORE_PAUSE = 4
 
     def tree_plan(self, room: int, max_nodes: int, branches: int,
                   source: str | None = None) -> TreePlan | None:
         """The token tree worth drafting this step with drafter ``source`` (the costly one by
-        default), or None where a chain is as good (today's chain policy then decides its
-        length). ``room``: the longest path the request may still take; ``max_nodes``,
-        ``branches``: what one target pass can hold."""
+        default), or None where a chain is as good or, a chain having won repeatedly, no plan
+        is made this step (``TreePauses``); today's chain policy then decides its length.
+        ``room``: the longest path the request may still take; ``max_nodes``, ``branches``:
+        what one target pass can hold."""
         if self.fixed_k is not None or branches < 2 or room < 1 or max_nodes < 2:
             return None
         # Only widths measured are priced: past them the curve is a guess.
@@ -806,22 +835,10 @@ class DraftController:
         if max_nodes < 2:
             return None
         source = source or self.model
-        # A plan walks up to a few hundred nodes: a millisecond of host time, a tenth of a
-        # GPU's step, where the verdict is often the same chain step after step (a GPU's short
-        # pass prices each node's host work). So once a chain verdict repeats, it stands for
-        # the next 1, 2, 4, then up to TREE_PAUSE_MAX plans while it keeps repeating; a tree
-        # verdict plans every step. A tree found late costs at most those steps of chains
-        # (what ``--tree off`` drafts); verdicts that alternate (trees about as good as
-        # chains) are planned every time.
-        if self._tree_skip.get(source, 0) > 0:
-            self._tree_skip[source] -= 1
+        if self.tree_pauses.skip(source):
             return None
         plan = self._tree_plan(room, max_nodes, source, branches)
-        chains = self._tree_chains[source] = 0 if plan is not None else \
-            self._tree_chains.get(source, 0) + 1
-        if chains >= self.TREE_CHAINS_BEFORE_PAUSE:
-            self._tree_skip[source] = min(1 << (chains - self.TREE_CHAINS_BEFORE_PAUSE),
-                                          self.TREE_PAUSE_MAX)
+        self.tree_pauses.record(source, tree=plan is not None)
         return plan
 
     def _tree_plan(self, room: int, max_nodes: int, source: str,
@@ -837,8 +854,8 @@ class DraftController:
         depth = [round(r * 50) / 50 for r in depth]
         sib = [round(r * 50) / 50 for r in sib]
         tie = round(self.ties.rate * 20) / 20
-        # A node's host work starts at 0 and is learned from the first tree on: a plan made
-        # before must not outlive it (a share of a pass, on a grid of 0.001).
+        # A node's host work is 0 until a chain or a tree is drafted, then moves as they are:
+        # a plan made at one price must not outlive it (a share of a pass, on a grid of 0.001).
         host = round(costs.node_host() / costs.verify(1) * 1000) / 1000
         key = (tuple(depth), tuple(sib), tie, host, max_nodes, branches, source)
         if key in self._trees:

@@ -24,6 +24,7 @@ from .controller import (
     DraftController,
     NearTieRate,
     PeekSchedule,
+    TreePauses,
     fill_acceptance,
 )
 from .drafters import (
@@ -105,11 +106,13 @@ StreamEvent = TextChunk | Finished
 @dataclass(slots=True)
 class _Learning:
     """What auto carries from request to request: the target's acceptance of each drafter's
-    tokens (by drafter name), how often it met a near-tie, and when to peek."""
+    tokens (by drafter name), how often it met a near-tie, when to peek, and when to plan a
+    tree."""
 
     acceptance: dict[str, AcceptanceModel]
     ties: NearTieRate
     peeks: PeekSchedule
+    tree_pauses: TreePauses
 
 
 @dataclass(slots=True)
@@ -172,7 +175,8 @@ class SpeculativeEngine:
             self.use_calibration(calibration)
         # What auto learned, carried from request to request; greedy and sampled decoding
         # differ, so each has its own.
-        self._learned = {greedy: _Learning(fill_acceptance({}), NearTieRate(), PeekSchedule())
+        self._learned = {greedy: _Learning(fill_acceptance({}), NearTieRate(), PeekSchedule(),
+                                           TreePauses())
                          for greedy in (True, False)}
         self._lock = threading.Lock()
         self._formatters: dict[str, Any] = {}
@@ -455,7 +459,8 @@ class SpeculativeEngine:
         controller = DraftController(self._costs, min(req.draft.k_max, self.k_max)
                                      if req.draft.k is None else req.draft.k, req.draft.k,
                                      acceptance=learned.acceptance, ties=learned.ties,
-                                     peeks=learned.peeks, model=costly)
+                                     peeks=learned.peeks, model=costly,
+                                     tree_pauses=learned.tree_pauses)
         auto_explains = self._decide_policy(run, controller)
 
         while run.reason is None:

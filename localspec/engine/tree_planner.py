@@ -102,7 +102,12 @@ def plan(depth_rates: Sequence[float], sibling_rates: Sequence[float], costs: Tr
     # nodes so far, and any wider one, costs more than that is worth at the best rate found,
     # no wider plan can win (on a steep CPU curve that ends the walk after a few nodes).
     most = 1.0 + _full_mass(depth_rates, sibling_rates[:width_cap - 1], keep)
-    bounded = max(depth_rates, default=0.0) <= 1.0 and max(sibling_rates, default=0.0) <= 1.0
+    # The host bound below takes the best candidate as worth at least any node after it: true
+    # where no rate exceeds 1 and each sibling rank is at most the one before (a rank pushed
+    # later could otherwise outweigh every candidate). Learned ranks can come out of order.
+    ranks = sibling_rates[:width_cap - 1]
+    bounded = (max(depth_rates, default=0.0) <= 1.0 and max(ranks, default=0.0) <= 1.0
+               and all(a >= b for a, b in zip(ranks, ranks[1:], strict=False)))
     while heap and len(node_p) < max_nodes:
         neg_p, _, parent, depth, rank = heapq.heappop(heap)
         p = -neg_p
