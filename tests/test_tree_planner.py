@@ -300,18 +300,23 @@ def test_verify_floor_is_the_least_of_any_wider_pass() -> None:
                                                           for m in range(n, 300)))
 
 
-def test_the_controller_keeps_plans_while_drafters_take_turns(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # The model and a free drafter plan at alternate steps: one remembered plan was replanned
-    # at every step (two walks of up to 255 nodes each time).
-    walks = []
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """The planner's walks, each by its ``max_width`` (None: a tree, 1: the best chain)."""
+    made: list[int | None] = []
     real = tree_planner.plan
 
     def counted(*args: object, **kw: object) -> tree_planner.TreePlan:
-        walks.append(kw.get("max_width"))
+        made.append(kw.get("max_width"))  # type: ignore[arg-type]
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(tree_planner, "plan", counted)
+    return made
+
+
+def test_the_controller_keeps_plans_while_drafters_take_turns(walks: list[int | None]) -> None:
+    # The model and a free drafter plan at alternate steps: one remembered plan was replanned
+    # at every step (two walks of up to 255 nodes each time).
     ctl = _controller(GPU)
     ctl.acceptance["lookup"] = AcceptanceModel(prior_rate=0.5)
     first = [ctl.tree_plan(room=100, max_nodes=255, branches=32, source=s)
@@ -327,17 +332,9 @@ def test_the_controller_keeps_plans_while_drafters_take_turns(
     assert len(walks) == 6
 
 
-def test_a_repeated_chain_verdict_pauses_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_repeated_chain_verdict_pauses_planning(walks: list[int | None]) -> None:
     """At a GPU's step a plan's millisecond counts: a chain verdict that keeps repeating stands
     for 1, 2, 4, then 8 plans; a tree found ends the pause, and trees are planned each step."""
-    walks = []
-    real = tree_planner.plan
-
-    def counted(*args: object, **kw: object) -> tree_planner.TreePlan:
-        walks.append(kw.get("max_width"))
-        return real(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(tree_planner, "plan", counted)
     pauses = TreePauses()
     acc = {"model": AcceptanceModel(prior_rate=0.7)}
     steep = DraftController(_costs(CPU_Q4_AVX512), 12, acceptance=acc, model="model",
