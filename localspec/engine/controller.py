@@ -548,7 +548,7 @@ class TreePauses:
         """The planner's verdict for ``source``: a tree, or a chain."""
         chains = self._chains[source] = 0 if tree else self._chains.get(source, 0) + 1
         if chains >= self.AFTER:
-            self._skip[source] = min(1 << min(chains - self.AFTER, 8), self.MOST)
+            self._skip[source] = min(1 << min(chains - self.AFTER, self.MOST), self.MOST)
 
 
 def _step_outcomes(probs: Sequence[float], costs: CostModel,
