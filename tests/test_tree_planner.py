@@ -363,6 +363,40 @@ def test_a_repeated_chain_verdict_pauses_planning(walks: list[int | None]) -> No
     assert not pauses.skip("history")
 
 
+def test_chain_verdicts_at_a_requests_end_hold_the_pause_where_it_is(
+        walks: list[int | None]) -> None:
+    """Near a request's end a tree has no room to pay, so its chain verdicts say nothing of
+    the device: they keep the pause at its length instead of lengthening it for the next
+    request."""
+    pauses = TreePauses()
+    acc = {"model": AcceptanceModel(prior_rate=0.7)}
+    steep = DraftController(_costs(CPU_Q4_AVX512), 12, acceptance=acc, model="model",
+                            tree_pauses=pauses)
+
+    moves = iter(range(100))
+
+    def calls_planned(room: int, calls: int) -> list[int]:
+        planned = []
+        for i in range(calls):
+            acc["model"].rate = 0.3 + 0.02 * next(moves)  # no plan is kept for the next
+            before = len(walks)
+            assert steep.tree_plan(room=room, max_nodes=255, branches=32) is None
+            if len(walks) > before:
+                planned.append(i + 1)
+        return planned
+
+    assert calls_planned(room=100, calls=4) == [1, 2, 3, 4]  # the pause is now 1 plan
+    # The request's last steps: every other call plans, the pause staying at one plan.
+    assert calls_planned(room=6, calls=8) == [2, 4, 6, 8]
+    # The next request goes on from there: pauses of 2, 4, 8, not of 8 from the start.
+    assert calls_planned(room=100, calls=12) == [2, 5, 10]
+    # A tree found at the end still ends the pause.
+    flat = DraftController(_costs(GPU), 12, acceptance=acc, model="model", tree_pauses=pauses)
+    assert [flat.tree_plan(room=6, max_nodes=255, branches=32) is None
+            for _ in range(TreePauses.MOST + 2)].count(False) >= 1
+    assert not pauses.skip("model")
+
+
 def test_a_verified_tree_teaches_depths_siblings_and_bins() -> None:
     #   0 (first guess) - 2
     #   1 (second guess, conf 0.25)

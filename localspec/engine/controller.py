@@ -544,9 +544,15 @@ class TreePauses:
         self._skip[source] -= 1
         return True
 
-    def record(self, source: str, tree: bool) -> None:
-        """The planner's verdict for ``source``: a tree, or a chain."""
-        chains = self._chains[source] = 0 if tree else self._chains.get(source, 0) + 1
+    def record(self, source: str, tree: bool, forced: bool = False) -> None:
+        """The planner's verdict for ``source``: a tree, or a chain. ``forced``: a chain
+        verdict that the request's end may have forced (too little room left for a tree to
+        pay); it holds the pause where it is, neither lengthening it nor ending it, so the
+        next request does not start with a pause its last few steps earned."""
+        if forced and not tree:
+            chains = self._chains.get(source, 0)
+        else:
+            chains = self._chains[source] = 0 if tree else self._chains.get(source, 0) + 1
         if chains >= self.AFTER:
             self._skip[source] = min(1 << min(chains - self.AFTER, self.MOST), self.MOST)
 
@@ -838,7 +844,8 @@ class DraftController:
         if self.tree_pauses.skip(source):
             return None
         plan = self._tree_plan(room, max_nodes, source, branches)
-        self.tree_pauses.record(source, tree=plan is not None)
+        self.tree_pauses.record(source, tree=plan is not None,
+                                forced=room < min(MAX_DEPTH - 1, max_nodes))
         return plan
 
     def _tree_plan(self, room: int, max_nodes: int, source: str,
