@@ -130,7 +130,7 @@ def _auto_run(text: tuple[tuple[float, float], ...], costs: CostModel,
             request_end = out.tokens + REQUEST
         remaining = request_end - out.tokens
         if not ctl.model_worth_trying(K_MAX):
-            if not ctl.should_peek(K_MAX, lambda skipped=behind: skipped, remaining):
+            if not ctl.should_peek(K_MAX, functools.partial(int, behind), remaining):
                 out.tokens += 1
                 out.seconds += costs.verify(1)
                 ctl.observe_plain_step()
