@@ -97,13 +97,36 @@ def load_settings(path: Path | None = None) -> Settings:
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:
-    """Write settings as TOML (atomically: a crash never leaves half a file)."""
-    import tomli_w  # deferred: only the settings screen writes
+    """Write settings into the file's ``[chat]`` table, atomically (a crash never leaves half a
+    file). The user's other tables (``[history]``, ...), their comments and their layout are
+    kept: the file is theirs to edit, the settings screen only updates what it shows."""
+    import tomlkit  # deferred: only the settings screen writes
+    from tomlkit.exceptions import TOMLKitError
 
     path = path or config_path()
     settings.validate()
     table = {k: ("auto" if PARAMS[k].kind == "k" and v is None else v)
              for k, v in dataclasses.asdict(settings).items()
              if v is not None or PARAMS[k].kind == "k"}
-    atomic_write(path, tomli_w.dumps({"chat": table}))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8"
+        raise ConfigError(f"cannot save settings: cannot read {path} ({reason})") from None
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise ConfigError(f"cannot save settings: {path} has an error ({exc}); "
+                          "fix or delete it") from None
+    chat = doc.get("chat")
+    if not isinstance(chat, dict):
+        chat = doc["chat"] = tomlkit.table()
+    for key in [k for k in chat if k in PARAMS or k in _LEGACY_KEYS]:
+        if key not in table:
+            del chat[key]  # unset now, or written under an older name
+    for key, value in table.items():
+        chat[key] = value
+    atomic_write(path, tomlkit.dumps(doc))
     return path

@@ -25,6 +25,35 @@ def test_defaults_when_missing_and_round_trip(tmp_path: Path) -> None:
     assert 'k = "auto"' in path.read_text() and load_settings(path) == auto
 
 
+def test_saving_keeps_the_users_other_tables_and_comments(tmp_path: Path) -> None:
+    """The settings screen (and the chat app recording the last pair) rewrites only [chat]:
+    [history] limits and the user's notes must survive it."""
+    from localspec import history
+
+    path = tmp_path / "config.toml"
+    path.write_text('# my settings\n[chat]\ntemperature = 0.2  # for code\n'
+                    'gpu_layers_draft = 0\nseed = 7\n\n'
+                    '[history]\nserve_scope = "chat"\nmax_bytes = 4194304\n')
+    before = history.load_config(path)
+    save_settings(Settings(temperature=0.5, draft_gpu_layers=0, last_pair="tiny"), path)
+    text = path.read_text()
+    assert "# my settings" in text and "# for code" in text
+    assert history.load_config(path) == before
+    assert before.serve_scope == "chat" and before.max_bytes == 4194304
+    saved = load_settings(path)
+    assert (saved.temperature, saved.draft_gpu_layers, saved.last_pair) == (0.5, 0, "tiny")
+    # A key unset since (seed), or written under an older name, goes.
+    assert saved.seed is None and "seed" not in text and "gpu_layers_draft" not in text
+
+
+def test_saving_over_a_file_with_an_error_leaves_it_alone(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[chat]\ntemperature = \n[history]\nmax_bytes = 1\n")
+    with pytest.raises(ConfigError, match=rf"cannot save settings: {path} has an error"):
+        save_settings(Settings(k=3), path)
+    assert path.read_text() == "[chat]\ntemperature = \n[history]\nmax_bytes = 1\n"
+
+
 def test_default_path_is_under_config_dir(isolated_home: Path) -> None:
     where = save_settings(Settings(k=3))
     assert where == isolated_home / "config" / "config.toml"

@@ -137,6 +137,10 @@ class SlowEngine(LocalChatEngine):
             time.sleep(0.005)
             yield event
 
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
 
 def slow_factory(spec: EngineSpec) -> SlowEngine:
     return SlowEngine(load_engine(spec), spec.display_name)
@@ -173,6 +177,23 @@ async def test_quit_during_generation_exits_cleanly(make_app: Callable[..., Loca
     assert app.return_value == 0
     assert app.engine is None  # closed after the generation left it
     assert app.monitor.closed  # type: ignore[attr-defined]
+
+
+async def test_a_chat_left_mid_answer_frees_the_engine(make_app: Callable[..., LocalspecApp]
+                                                      ) -> None:
+    """Ctrl+N while answering drops the answer's late tokens, and once its worker has let go
+    of the engine, the engine counts as free: quitting closes it at once."""
+    app = make_app(Settings(max_tokens=3000, threads=1), factory=slow_factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        engine = app.engine
+        await send(pilot, app, "long answer")
+        await wait_for(pilot, lambda: app.chat._stream_tokens > 0)
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, app.chat.idle.is_set)
+        assert app.chat._messages() == [] and not app.chat.generating
+        await pilot.press("ctrl+q")
+    assert app.engine is None and getattr(engine, "closed", False)
 
 
 async def test_switch_pair_in_the_picker(make_app: Callable[..., LocalspecApp]) -> None:

@@ -113,6 +113,10 @@ class ChatScreen(Screen[None]):
         self._k: int | None = None
         self.idle = threading.Event()  # set while no generation worker is using the engine
         self.idle.set()
+        # The last generation started: its worker sets ``idle`` when it ends. Not
+        # ``generation``, which also moves when a chat is left mid-answer (so that the
+        # abandoned answer's late messages are dropped): that worker still holds the engine.
+        self._started = 0
         # Cleared by the app while the engine restarts: a message sent meanwhile waits for it.
         self.engine_ready = threading.Event()
         self.engine_ready.set()
@@ -287,6 +291,7 @@ class ChatScreen(Screen[None]):
         options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
                               draft=draft)
         self.idle.clear()
+        self._started = self.generation
         self._set_reading(RateReading(generating=True,
                                       plain_tokens_per_second=self._last_reading
                                       .plain_tokens_per_second))
@@ -320,7 +325,7 @@ class ChatScreen(Screen[None]):
         except Exception as exc:
             self.post_message(GenerationFailed(generation, exc))
         finally:
-            if generation == self.generation:  # a newer generation may already hold the engine
+            if generation == self._started:  # a newer generation may already hold the engine
                 self.idle.set()
 
     def _when_taken(self, engine: ChatEngine, history: list[Turn], options: ChatOptions,
