@@ -24,7 +24,7 @@ from typing import Any
 
 from . import paths
 from .errors import ChatStoreError, DamagedChatStoreError
-from .files import fsync_dir
+from .files import atomic_write, fsync_dir
 
 # The schema as version 1 wrote it. Files from before versioning (user_version 0) hold exactly
 # these tables, which is why migration 1 says IF NOT EXISTS: it adopts them as they are.
@@ -194,7 +194,9 @@ class ChatStore:
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", chat.title).strip("-")[:60] or "chat"
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / f"{slug}-{chat.id}.md"
-        out.write_text(self.export_markdown(chat_id), encoding="utf-8")
+        # Atomically: a full disk must not leave half a chat (or half of an earlier, complete
+        # export of it) under the name.
+        atomic_write(out, self.export_markdown(chat_id))
         return out
 
     # -- measured rates -----------------------------------------------------------------------

@@ -54,6 +54,30 @@ def test_rename_delete_export(tmp_path: Path) -> None:
     assert store.messages(b.id) == []
 
 
+def test_an_export_that_fails_leaves_the_earlier_one_whole(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A full disk (faked: the write's fsync fails with ENOSPC, as a real full disk cannot be
+    made safely here) leaves the last complete export under its name and no partial file."""
+    import errno
+
+    store = ChatStore(tmp_path / "c.sqlite3")
+    chat = store.create_chat("notes")
+    store.add_message(chat.id, "user", "first")
+    out = store.export_to(chat.id, tmp_path / "exports")
+    before = out.read_text()
+    store.add_message(chat.id, "assistant", "x" * 100_000)
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        store.export_to(chat.id, tmp_path / "exports")
+    assert out.read_text() == before
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
 def test_rates(tmp_path: Path) -> None:
     store = ChatStore(tmp_path / "c.sqlite3")
     assert store.latest_rate("tiny") is None

@@ -219,6 +219,29 @@ async def test_switch_pair_in_the_picker(make_app: Callable[..., LocalspecApp]) 
         assert load_settings().last_pair == "tiny-lookup"
 
 
+async def test_a_bad_history_setting_met_when_a_pair_is_picked_is_a_message(
+        make_app: Callable[..., LocalspecApp], isolated_home: Path) -> None:
+    """config.toml edited while the app runs: picking a pair reads [history] again, and a bad
+    value there is a dismissible message; the app and the words in the box stay."""
+    from localspec.config import config_path
+
+    app = make_app(spec=None)
+    async with app.run_test(size=SIZE) as pilot:
+        app.chat.prompt_box.load_text("half a question")
+        config_path().parent.mkdir(parents=True, exist_ok=True)
+        config_path().write_text("[history]\nmax_tokens = 100\n")
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: getattr(app.screen, "pairs", {}).get("tiny") is not None
+                       and app.screen.pairs["tiny"].present is not None)
+        table = app.screen.query_one(DataTable)
+        table.move_cursor(row=table.get_row_index("tiny"))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert "max_tokens" in app.screen.error_message
+        assert app.is_running and app.engine is None
+        assert app.chat.prompt_box.text == "half a question"
+
+
 async def test_damaged_models_show_as_damaged(make_app: Callable[..., LocalspecApp],
                                               target_gguf: Path, draft_gguf: Path) -> None:
     lib = FakeLibrary(target_gguf, draft_gguf, damaged=True)
@@ -761,6 +784,43 @@ class FakeFullDiskStore(ChatStore):
 
             raise sqlite3.OperationalError("database or disk is full")
         return super().add_message(*args, **kwargs)
+
+
+class FakeLockedStore(ChatStore):
+    """A fake: the real store whose chat-list writes fail as SQLite's do when another process
+    holds the database."""
+
+    def rename_chat(self, *args: Any, **kwargs: Any) -> Any:
+        import sqlite3
+
+        raise sqlite3.OperationalError("database is locked")
+
+    delete_chat = rename_chat
+
+
+async def test_a_locked_history_in_the_chat_list_is_a_message(
+        make_app: Callable[..., LocalspecApp], tmp_path: Path) -> None:
+    store = FakeLockedStore(tmp_path / "locked.sqlite3")
+    chat = store.create_chat("kept")
+    app = make_app(spec=None, store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        app.chat.prompt_box.load_text("unsent words")
+        for keys in (["r", "ctrl+a", "n", "e", "w", "enter"], ["d", "y"]):
+            await pilot.press("f5")
+            await wait_for(pilot, lambda: isinstance(app.screen, ChatListScreen))
+            for key in keys:
+                await pilot.press(key)
+                await pilot.pause()
+            await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+            error = app.screen
+            assert isinstance(error, ErrorScreen) and error.error_title == "Chat history error"
+            assert "database is locked" in error.error_message
+            await pilot.press("enter")  # the message goes; the chat list stays usable
+            await wait_for(pilot, lambda: isinstance(app.screen, ChatListScreen))
+            await pilot.press("escape")
+            await pilot.pause()
+        assert app.is_running and app.chat.prompt_box.text == "unsent words"
+        assert [c.title for c in store.list_chats()] == [chat.title]
 
 
 async def test_a_full_disk_keeps_the_message_in_the_box(make_app: Callable[..., LocalspecApp],

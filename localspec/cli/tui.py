@@ -31,13 +31,14 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ..config import load_settings
-    from ..history import scope_for
+    from ..history import load_config, scope_for
     from ..loading import EngineSpec, spec_from_pair
     from ..options import model_settings
     from ..tui import open_tui
 
     if args.url and (args.pair or args.target):
         raise LocalspecError("give either --url or a pair/--target, not both")
+    load_config()  # a bad [history] value is one line now, not when a pair is picked (F2)
     spec = None
     if args.pair or args.target or args.draft:
         if args.pair and args.target:

@@ -7,6 +7,7 @@ them), so tests drive the app with the real engine on tiny models and fakes for 
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -54,6 +55,8 @@ def describe_error(error: BaseException) -> tuple[str, str]:
                                 "smaller context."
     if isinstance(error, ValueError):
         return "Invalid setting", str(error)
+    if isinstance(error, sqlite3.Error):  # SQLite's reason: "database is locked", "disk full"
+        return "Chat history error", f"The chat history cannot be written: {error}"
     if isinstance(error, (ConnectionError, OSError)):
         return "System error", f"{type(error).__name__}: {error}"
     return "Unexpected error", f"{type(error).__name__}: {error}"
@@ -359,8 +362,14 @@ class LocalspecApp(App[int]):
         from .screens.pairs import PairPickerScreen
 
         def chosen(pair: PairStatus | None) -> None:
-            if pair is not None:
-                self.load(self.spec_for_pair(pair))
+            if pair is None:
+                return
+            try:  # config.toml is read again here, and may have been edited since
+                spec = self.spec_for_pair(pair)
+            except LocalspecError as exc:
+                self.show_error(exc)
+                return
+            self.load(spec)
 
         self.push_screen(PairPickerScreen(self.library, self.spec_for_pair, self.free_memory),
                          chosen)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from textual import on
@@ -20,8 +22,8 @@ from .dialogs import ConfirmScreen, TextPromptScreen
 class ChatListScreen(ModalScreen[int | None]):
     """The chats saved in ``store``; dismisses with the chat id to open, or None.
 
-    Deleting a chat posts ChatDeleted (the chat screen may be showing it); an export that fails
-    posts WorkFailed. Both bubble up to the app.
+    Deleting a chat posts ChatDeleted (the chat screen may be showing it); a rename, deletion
+    or export that fails posts WorkFailed. Both bubble up to the app.
     """
 
     BINDINGS = [
@@ -75,8 +77,7 @@ class ChatListScreen(ModalScreen[int | None]):
             return
 
         def renamed(title: str | None) -> None:
-            if title:
-                self.store.rename_chat(chat.id, title)
+            if title and self._written(lambda: self.store.rename_chat(chat.id, title)):
                 self.refresh_chats()
 
         self.app.push_screen(TextPromptScreen("Rename chat", chat.title), renamed)
@@ -87,8 +88,7 @@ class ChatListScreen(ModalScreen[int | None]):
             return
 
         def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.store.delete_chat(chat_id)
+            if yes and self._written(lambda: self.store.delete_chat(chat_id)):
                 self.post_message(ChatDeleted(chat_id))
                 self.refresh_chats()
 
@@ -98,12 +98,19 @@ class ChatListScreen(ModalScreen[int | None]):
         chat_id = self._selected()
         if chat_id is None:
             return
+        written: list[Path] = []
+        if self._written(lambda: written.append(self.store.export_to(chat_id, self.export_dir))):
+            self.notify(f"Exported to {written[0]}")
+
+    def _written(self, write: Callable[[], object]) -> bool:
+        """Run a write to the chat history or an export; a failure (a locked or full database,
+        a folder that cannot be written) is shown in the app, which goes on."""
         try:
-            path = self.store.export_to(chat_id, self.export_dir)
-        except OSError as exc:
+            write()
+        except (sqlite3.Error, OSError) as exc:
             self.post_message(WorkFailed(exc))
-            return
-        self.notify(f"Exported to {path}")
+            return False
+        return True
 
     def action_back(self) -> None:
         self.dismiss(None)
