@@ -139,6 +139,37 @@ def test_sigterm_ends_each_request_in_flight_and_exits_0(slow_pair: tuple[Path, 
         proc.wait()
 
 
+def test_a_client_that_leaves_frees_the_engine(slow_pair: tuple[Path, Path]) -> None:
+    """Through the front: a streamed client that closes its connection, and a non-streamed
+    one that times out (an SDK's timeout, before its retry), each cancel their generation
+    rather than leaving the engine generating thousands of tokens for no one."""
+    target, draft = slow_pair
+    proc = _serve("--target", str(target), "--draft", str(draft), "--ctx", "4096",
+                  "--threads", "1")
+    try:
+        url = _serving_url(proc)
+        body = {"prompt": "the", "max_tokens": 3500, "temperature": 1.0}
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+                          timeout=60) as r:
+            for n, _ in enumerate(filter(None, r.iter_lines())):
+                if n == 5:
+                    break  # the connection closes with the block
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json=body, timeout=1.0)
+
+        def finished() -> dict[str, int]:
+            metrics = httpx.get(url + "/metrics?format=json").json()
+            return metrics["requests_finished_total"]  # type: ignore[no-any-return]
+
+        deadline = time.monotonic() + 30
+        while sum(finished().values()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert finished() == {"cancelled": 2}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _spec(target: Path) -> EngineSpec:
     return EngineSpec(target=str(target), target_settings=ModelSettings(n_ctx=256))
 

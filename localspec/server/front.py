@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -225,18 +226,27 @@ async def _relay(request: Request) -> Response:
     upstream_request = client.build_request(request.method, request.url.path,
                                             params=request.query_params, content=body,
                                             headers=headers)
+    # A non-streamed answer's status line comes once it is generated: neither shutting down
+    # nor a client that leaves (an SDK's timeout, before its retry) waits for that; the
+    # request to the engine is dropped, which cancels its generation there.
+    left = asyncio.Event()
+    watch = asyncio.create_task(_watch_client(request, left))
     try:
-        # A non-streamed answer's status line comes once it is generated: shutting down does
-        # not wait for that.
-        upstream = await _unless_stopping(sup.stopping,
-                                          client.send(upstream_request, stream=True))
+        upstream = await _unless_set((sup.stopping, left),
+                                     client.send(upstream_request, stream=True))
     except httpx.HTTPError:
         if sup.shutting_down:
             return _shutting_down()
         message = await _stopped_during(sup, request.url.path, restarts_before)
         return JSONResponse(error_body(message, "server_error", code="engine_stopped"),
                             status_code=503, headers={"Retry-After": "2"})
+    finally:
+        watch.cancel()
     if upstream is None:
+        if left.is_set():
+            log.info("%s %s: the client disconnected before its answer was ready",
+                     request.method, request.url.path)
+            return Response(status_code=499)
         return _shutting_down()
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
     out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -274,10 +284,14 @@ async def _forward(sup: Supervisor, upstream: httpx.Response, streaming: bool, p
             yield piece
     finally:
         sup.streams.discard(queue)
-        pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
-        await upstream.aclose()  # a client that left: the engine stops generating
+        # A client that left gets here in a cancelled scope, where an unshielded await ends at
+        # once: the engine's connection stayed open, generating for no one. Closed first (the
+        # engine then stops generating), then the pump, which may be inside a read of it.
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
 
 
 async def _pump(upstream: httpx.Response, queue: asyncio.Queue[Any]) -> None:
@@ -291,16 +305,24 @@ async def _pump(upstream: httpx.Response, queue: asyncio.Queue[Any]) -> None:
     await queue.put(_END)
 
 
-async def _unless_stopping(stopping: asyncio.Event, work: Awaitable[T]) -> T | None:
-    """``work``'s result, or None (``work`` cancelled) if ``stopping`` is set first."""
+async def _watch_client(request: Request, left: asyncio.Event) -> None:
+    """Set ``left`` when the client disconnects (its request body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    left.set()
+
+
+async def _unless_set(events: tuple[asyncio.Event, ...], work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None (``work`` cancelled) if one of ``events`` is set first."""
     task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(stopping.wait())
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *waits}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stop.cancel()
+        for wait in waits:
+            wait.cancel()
         if not task.done():
-            task.cancel()  # also when this coroutine is cancelled (its client left)
+            task.cancel()  # also when this coroutine is cancelled
     try:
         return await task
     except asyncio.CancelledError:
