@@ -90,8 +90,12 @@ class RemoteEngine:
 
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None,
                  timeout: float = 600.0, client: httpx.Client | None = None,
-                 uds: str | None = None, where: str | None = None) -> None:
+                 uds: str | None = None, where: str | None = None,
+                 history: bool = True) -> None:
         base = url.rstrip("/")
+        # False: a localspec server whose history index is not this client's to add to (the
+        # chat app attached to a `serve` that keeps its own): every request turns it off.
+        self._history = history
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.model = model
         self._localspec: bool | None = None
@@ -174,8 +178,14 @@ class RemoteEngine:
                 "stream_options": {"include_usage": True}}
         if options.stop:
             body["stop"] = list(options.stop)
-        if options.draft is not None and self._localspec:
-            body.update(draft_fields(options.draft))
+        if self._localspec:
+            # As the engine in process does: a long conversation gets the answer its context
+            # still holds, not a refusal that takes the user's message back.
+            body["fit_max_tokens"] = True
+            if options.draft is not None:
+                body.update(draft_fields(options.draft))
+            if not self._history:
+                body["history"] = "off"
         return body
 
     def _stream(self, path: str, fields: dict[str, Any], options: ChatOptions,

@@ -33,13 +33,19 @@ class ServedChatEngine:
     an engine process of this app's own for ``spec`` once that server is gone."""
 
     def __init__(self, spec: EngineSpec, url: str, pid: int, api_key: str | None = None,
-                 model: str | None = None, log_file: Path | None = None) -> None:
+                 model: str | None = None, log_file: Path | None = None,
+                 server_history: str | None = None) -> None:
         self.spec = spec
         self.url = url
         self.pid = pid
         self._log_file = log_file
+        # The chat's conversations go into the server's history index only where that index
+        # is the chat app's own (config.toml joined them); else they stay out of it, and the
+        # chat drafts from the history only once its own engine process takes over.
+        shared = server_history is not None and server_history == spec.history
         self._engine: ChatEngine = RemoteEngine(url, api_key=api_key, model=model,
-                                                where=f"localspec serve at {url}")
+                                                where=f"localspec serve at {url}",
+                                                history=shared)
         self._own = False  # True once the app's own engine process has taken over
         self._unreachable = threading.Event()  # a request found nothing listening at url
 

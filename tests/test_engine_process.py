@@ -208,6 +208,10 @@ def test_the_chat_app_attaches_to_a_serve_of_the_same_pair(target_gguf: Path,
         assert proc.stderr is not None
         url = next(m[1] for line in proc.stderr
                    if (m := re.search(r"at (http://127\.0\.0\.1:\d+)/v1 ", line)))
+        from localspec.server import discovery
+
+        served = discovery.find(target_gguf, draft_gguf)
+        assert served is not None and served.history == "serve"  # its own index, by default
         engine = open_chat_engine(_spec(target_gguf, draft_gguf))
         try:
             assert isinstance(engine, ServedChatEngine) and engine.attached

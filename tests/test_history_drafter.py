@@ -361,6 +361,31 @@ def test_the_request_field_turns_it_off_for_one_request(
     assert r.status_code == 400 and r.json()["error"]["param"] == "history"
 
 
+@pytest.mark.parametrize(("server_history", "recorded"), [("serve", 0), (None, 0),
+                                                           ("chat", 1)])
+def test_a_chat_app_attached_to_serve_keeps_out_of_its_own_index(
+        served: tuple[BackgroundServer, HistoryStore], target_gguf: Path,
+        server_history: str | None, recorded: int) -> None:
+    """The chat app attaches to a `serve` of its pair rather than load a second copy. Its
+    conversations go into that server's index only where config.toml joined the two (the
+    server keeps the chat's index); a server with its own (or an older one, which does not
+    say) gets them with the history turned off."""
+    from localspec.chat_engine import ChatOptions
+    from localspec.served_engine import ServedChatEngine
+
+    srv, store = served
+    spec = EngineSpec(target=str(target_gguf), pair_name="tiny", history="chat")
+    engine = ServedChatEngine(spec, srv.url, os.getpid(), model="tiny",
+                              server_history=server_history)
+    try:
+        messages = [{"role": "user", "content": PROMPTS[3]}]
+        done = list(engine.stream_chat(messages, ChatOptions(max_tokens=16)))[-1]
+    finally:
+        engine.close()
+    assert done.stats.completion_tokens > 0
+    assert store.index.n_documents == recorded
+
+
 def test_the_flag_and_config_turn_it_off_and_history_clear_empties_it(
         target_gguf: Path, isolated_home: Path) -> None:
     base = ("run", "--target", str(target_gguf), "--ctx", "512", "-n", "16", "--raw")

@@ -314,6 +314,29 @@ def test_context_limit(client: openai.OpenAI) -> None:
     assert info.value.body["code"] == "context_length_exceeded"
 
 
+def test_localspecs_own_clients_get_what_the_context_holds(target_gguf: Path) -> None:
+    """fit_max_tokens (sent by the chat app and `run --url`): a max_tokens past the context
+    is cut to what it holds, as the engine in process does, instead of a 400 that would take
+    a long conversation's last message back. Other clients still get the 400."""
+    from localspec.engine import DraftSettings
+
+    app = create_app(lambda: SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)),
+                     ServerConfig(model_id="small", draft=DraftSettings(mode="none")))
+    prompt = "the " * 50  # about 200 tokens of the 256
+    with BackgroundServer(app) as srv:
+        assert app.state.localspec.worker.loaded.wait(60)
+        with pytest.raises(openai.BadRequestError, match="lower max_tokens"):
+            _client(srv).completions.create(model="small", prompt=prompt, max_tokens=200)
+        answer = _client(srv).completions.create(model="small", prompt=prompt, max_tokens=200,
+                                                 extra_body={"fit_max_tokens": True})
+        assert answer.choices[0].finish_reason == "length"
+        assert answer.usage is not None and answer.usage.total_tokens == 256
+        with RemoteEngine(srv.url) as remote:
+            done = list(remote.stream_completion(prompt, ChatOptions(max_tokens=200)))[-1]
+    assert isinstance(done, Finished) and done.finish_reason == "length"
+    assert done.stats.prompt_tokens + done.stats.completion_tokens == 256
+
+
 def test_raw_http_errors(server: BackgroundServer) -> None:
     r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
             return
         # Findable first, then announced: whoever reads the line can attach at once.
-        announced.append(_announce(url, args.api_key, model_id, target, draft_path))
+        announced.append(_announce(url, args.api_key, model_id, target, draft_path,
+                                   spec.history))
         print(f"localspec: serving '{model_id}' at {url}/v1 (Ctrl-C to stop)", file=sys.stderr,
               flush=True)
 
@@ -114,12 +115,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _announce(url: str, api_key: str | None, model_id: str, target: Path,
-              draft: Path | None) -> Path:
+              draft: Path | None, history: str | None) -> Path:
     """Let this machine's chat apps find this server (they attach instead of loading twice)."""
     from ..server.discovery import ServedPair, identity, register
 
     return register(ServedPair(pid=os.getpid(), url=url, api_key=api_key, model_id=model_id,
-                               target=identity(target) or "", draft=identity(draft)))
+                               target=identity(target) or "", draft=identity(draft),
+                               history=history))
 
 
 def _count(flag: str, low: int):  # type: ignore[no-untyped-def]

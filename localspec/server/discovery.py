@@ -30,6 +30,10 @@ class ServedPair:
     model_id: str
     target: str  # file identities (gguf_meta.file_identity)
     draft: str | None
+    # The history index its engine keeps ("serve", "chat": joined in config.toml; None: off,
+    # or a server that predates the field). A chat app attached to it sends its conversations
+    # to that index only where it is the chat app's own.
+    history: str | None = None
 
 
 def _folder() -> Path:

@@ -29,7 +29,7 @@ _COMMON = {
     # llama.cpp-style extensions (llama-server and vLLM accept the same names)
     "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
     # localspec's own: how this request drafts (see `localspec run --help`)
-    "exact", "draft_mode", "k", "k_max", "accept_rule", "history",
+    "exact", "draft_mode", "k", "k_max", "accept_rule", "history", "fit_max_tokens",
     # accepted and ignored: they do not change the generated text
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
@@ -91,6 +91,9 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     draft: dict[str, Any] = field(default_factory=dict)  # localspec's drafting fields
+    # localspec's extension: a max_tokens past the context is cut to what it holds, as the
+    # engine in process does (sent by localspec's own clients), instead of a 400.
+    fit_max_tokens: bool = False
 
 
 # -- request validation ------------------------------------------------------------------------
@@ -118,7 +121,8 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          prompt_tokens=prompt_tokens, max_tokens=_max_tokens(body, config),
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
-                         include_usage=include_usage, draft=_draft_fields(body))
+                         include_usage=include_usage, draft=_draft_fields(body),
+                         fit_max_tokens=_bool(body, "fit_max_tokens", False))
 
 
 def _check_text(body: dict[str, Any]) -> None:
@@ -494,8 +498,8 @@ def request_options(parsed: ParsedRequest, config: ServerConfig) -> ChatOptions:
 def fit_context(req: GenerationRequest, parsed: ParsedRequest, n_ctx: int,
                 config: ServerConfig) -> GenerationRequest:
     """``req`` checked against the context window: a prompt that does not fit, or does not
-    leave room for the max_tokens asked for, is a 400; a request that asked for none gets what
-    the context holds, up to the server's default and limit."""
+    leave room for the max_tokens asked for (unless ``fit_max_tokens``), is a 400; a request
+    that asked for none gets what the context holds, up to the server's default and limit."""
     param = "messages" if parsed.kind == "chat" else "prompt"
     n = len(req.prompt_tokens)
     if n == 0:
@@ -505,6 +509,8 @@ def fit_context(req: GenerationRequest, parsed: ParsedRequest, n_ctx: int,
                             f"prompt has {n} tokens; shorten it (or restart the server with a "
                             "larger --ctx)", param=param, code="context_length_exceeded")
     if parsed.max_tokens is not None and n + parsed.max_tokens > n_ctx:
+        if parsed.fit_max_tokens:
+            return replace(req, max_tokens=n_ctx - n)
         raise ApiError(400, f"this model's maximum context length is {n_ctx} tokens, but "
                             f"{n + parsed.max_tokens} were requested ({n} in the prompt, "
                             f"{parsed.max_tokens} for the completion); lower max_tokens",
