@@ -8,8 +8,10 @@ Nothing here runs at import.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,12 @@ from .files import atomic_write
 from .options import Settings, settings_from_mapping
 from .params import PARAMS, InvalidOptionError
 
-__all__ = ["InvalidConfigError", "config_path", "load_settings", "save_settings"]
+__all__ = ["InvalidConfigError", "config_path", "load_settings", "save_settings",
+           "unknown_top_level"]
+
+# The tables localspec reads from config.toml: [chat] here, [history] in history.load_config.
+# Anything else is a typo whose settings would silently not apply, so it is refused.
+_TABLES = ("[chat]", "[history]")
 
 # Keys written by localspec before the parameters were unified, and what they mean now.
 _LEGACY_KEYS = {"gpu_layers_target": "gpu_layers", "gpu_layers_draft": "draft_gpu_layers"}
@@ -49,6 +56,46 @@ def _line_of(text: str, table: str, key: str) -> int | None:
         elif in_table and re.match(rf"^\s*['\"]?{re.escape(key)}['\"]?\s*=", line):
             return number
     return None
+
+
+def _top_level_line(text: str, name: str) -> int | None:
+    """The line of a top-level ``name = ...``, ``name.x = ...``, ``[name]`` or ``[[name]]``."""
+    key = rf"(?:{re.escape(name)}|\"{re.escape(name)}\"|'{re.escape(name)}')"
+    header, assignment = re.compile(rf"\s*\[\[?\s*{key}\s*[.\]]"), re.compile(rf"\s*{key}\s*[.=]")
+    in_table = False  # a key under a header belongs to that table, not to the top level
+    for number, line in enumerate(text.splitlines(), start=1):
+        if header.match(line):
+            return number
+        if line.lstrip().startswith("["):
+            in_table = True
+        elif not in_table and assignment.match(line):
+            return number
+    return None
+
+
+def unknown_top_level(data: Mapping[str, Any], text: str, tables: Sequence[str],
+                      home: Callable[[str], str | None] = lambda key: None,
+                      ) -> tuple[int | None, str] | None:
+    """The first top-level name of ``data`` (parsed from ``text``) that is not one of ``tables``
+    (written as in the file: ``[chat]``, ``[[pair]]``): its line and what is wrong, else None.
+    ``home(key)``: the table a stray plain key belongs in, for the hint."""
+    names = {table.strip("[]"): table for table in tables}
+    found = sorted(((_top_level_line(text, name), name) for name in data if name not in names),
+                   key=lambda item: (item[0] is None, item[0] or 0))
+    if not found:
+        return None
+    line, name = found[0]
+    value = data[name]
+    known = f"(known: {', '.join(tables)})"
+    if isinstance(value, dict) or (
+            isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)):
+        written = f"[{name}]" if isinstance(value, dict) else f"[[{name}]]"
+        close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+        hint = f"; did you mean {names[close[0]]}?" if close else ""
+        return line, f"unknown table {written} {known}{hint}"
+    where = home(name)
+    hint = f"; put it under {where}" if where else "; keys go in one of those tables"
+    return line, f"unknown top-level key {name!r} {known}{hint}"
 
 
 def _migrate(table: dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +128,11 @@ def load_settings(path: Path | None = None) -> Settings:
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message already ends with "(at line N, column M)".
         raise ConfigError(f"{path}: {exc}") from None
+    unknown = unknown_top_level(
+        data, text, _TABLES, lambda key: "[chat]" if key in PARAMS or key in _LEGACY_KEYS else None)
+    if unknown:
+        line, problem = unknown
+        raise ConfigError(f"{path}, line {line}: {problem}" if line else f"{path}: {problem}")
     table = data.get("chat", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [chat] must be a table")

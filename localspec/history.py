@@ -241,12 +241,20 @@ def index_files(scopes: Iterable[str] = SCOPES) -> Iterator[IndexFile]:
                 size = path.stat().st_size
             except OSError:
                 continue
+            docs, tokens = _loadable_size(path)
             header = HistoryIndex.read_header(path)
-            ok = header is not None and header.get("vocabulary") == path.stem
-            docs = int(header["documents"]) if ok and header else None
-            tokens = int(header["tokens"]) - docs if ok and header and docs is not None else None
             yield IndexFile(scope, path.stem, path, size, docs, tokens,
                             str(header.get("note", "")) if header else "")
+
+
+def _loadable_size(path: Path) -> tuple[int | None, int | None]:
+    """(documents, tokens) of an index file as ``HistoryIndex.load`` would read it; (None,
+    None) where load would drop it, so the listing never calls a damaged file readable."""
+    try:
+        return HistoryIndex.verify(path, path.stem)
+    except (OSError, ValueError) as exc:
+        log.debug("history index %s unreadable: %s", path, exc)
+        return None, None
 
 
 def clear(scopes: Iterable[str] = SCOPES) -> list[IndexFile]:

@@ -156,3 +156,81 @@ def test_damaged_model_is_not_present(store: Path, target_gguf: Path, draft_gguf
     models = {m.name: m for m in lib.local_models()}
     assert models["tiny:big"].problem and blob.name[:19] in models["tiny:big"].problem
     assert models["tiny:small"].problem is None and models["tiny:small"].size > 0
+
+
+def _user_file(text: str) -> Path:
+    path = user_pairs_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+PAIR_A = '[[pair]]\nname = "a"\ntarget = "t:1"\ndraft = "d:1"\n'
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ('[[pairs]]\nname = "a"\ntarget = "t"\ndraft = "d"\n',
+     r"line 1: unknown table \[\[pairs\]\] \(known: \[\[pair\]\]\); did you mean \[\[pair\]\]\?"),
+    (f'{PAIR_A}\n[extra]\nx = 1\n', r"line 6: unknown table \[extra\]"),
+    (f'name = "b"\n{PAIR_A}', r"line 1: unknown top-level key 'name' .*put it under \[\[pair\]\]"),
+])
+def test_unknown_top_level_names_in_user_file_are_refused(text: str, match: str) -> None:
+    path = _user_file(text)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_pairs()
+    assert info.value.message.startswith(f"{path}: line ") and "\n" not in info.value.message
+
+
+def test_duplicate_user_pair_names_are_refused() -> None:
+    path = _user_file(f'{PAIR_A}\n[[pair]]\nname = "b"\ntarget = "t"\ndraft = "d"\n\n'
+                      f'{PAIR_A.replace("t:1", "t:2")}')
+    with pytest.raises(ConfigError) as info:
+        load_pairs()
+    assert info.value.message == (f"{path}: line 11: pair 'a' is defined twice (first at line 1);"
+                                  " rename or remove one")
+
+
+def test_pair_add_and_remove_edit_the_users_file_in_place(target_gguf: Path,
+                                                          draft_gguf: Path) -> None:
+    """Only the pair concerned changes: the user's comments, layout and other pairs stay."""
+    mine = ("# my pairs, by hand\n\n"
+            "[[pair]]\nname = \"a\"  # the old one\n# its target:\ntarget = 't:1'\n"
+            "draft = \"d:1\"\n\n"
+            "# b is for work\n"
+            "[[pair]]\nname = \"b\"\ntarget = \"t:2\"\ndraft = \"d:2\"\n"
+            "why = \"\"\"two\nlines\"\"\"\n")
+    path = _user_file(mine)
+    add_user_pair("new", str(target_gguf), str(draft_gguf), why="fresh")
+    text = path.read_text()
+    assert text.startswith(mine)
+    assert tomllib.loads(text[len(mine):])["pair"] == [
+        {"name": "new", "target": str(target_gguf), "draft": str(draft_gguf),
+         "draft_mode": "model", "why": "fresh"}]
+
+    add_user_pair("a", str(target_gguf), str(draft_gguf), draft_mode="lookup", why="replaced")
+    replaced = path.read_text()
+    assert replaced.startswith("# my pairs, by hand\n\n[[pair]]\nname = \"a\"  # the old one\n"
+                               f"# its target:\ntarget = '{target_gguf}'\n")
+    assert 'draft_mode = "lookup"\nwhy = "replaced"\n\n# b is for work\n' in replaced
+    assert replaced.endswith(text[text.index("# b is for work"):])
+    assert [p["name"] for p in tomllib.loads(replaced)["pair"]] == ["a", "b", "new"]
+
+    remove_user_pair("a")
+    removed = path.read_text()
+    assert removed == "# my pairs, by hand\n\n" + replaced[replaced.index("# b is for work"):]
+    assert set(catalogue.user_pairs()) == {"b", "new"}
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ('# mine\n[[pairs]]\nname = "a"\ntarget = "t"\ndraft = "d"\n', r"unknown table \[\[pairs\]\]"),
+    ('# mine\npair = [{name = "a", target = "t", draft = "d"}]  # inline\n',
+     r"cannot edit its pairs in place .*edit the file by hand"),
+])
+def test_pair_add_never_rewrites_a_file_it_cannot_edit(text: str, match: str, target_gguf: Path,
+                                                       draft_gguf: Path) -> None:
+    path = _user_file(text)
+    with pytest.raises(ConfigError, match=match):
+        add_user_pair("new", str(target_gguf), str(draft_gguf))
+    with pytest.raises(ConfigError, match=match):
+        remove_user_pair("a")
+    assert path.read_text() == text

@@ -139,3 +139,37 @@ def test_every_setting_is_a_parameter_with_a_meaning() -> None:
     for name in Settings.__dataclass_fields__:
         assert PARAMS[name].meaning
         assert PARAMS[name].check(PARAMS[name].default) == PARAMS[name].default
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ('temperature = "hot"\n[chat]\nk = 3\n', 1,
+     r"unknown top-level key 'temperature' \(known: \[chat\], \[history\]\); "
+     r"put it under \[chat\]"),
+    ("[chat]\nk = 3\n\n[caht]\nmax_tokens = -5\n", 4,
+     r"unknown table \[caht\] \(known: \[chat\], \[history\]\); did you mean \[chat\]\?"),
+    ('[history]\nmax_bytes = 4194304\n[server]\nport = 8081\n', 3,
+     r"unknown table \[server\] \(known: \[chat\], \[history\]\)$"),
+    ("[chat]\nk = 3\n[[histroy]]\nmax_tokens = 2048\n", 3,
+     r"unknown table \[\[histroy\]\] .*did you mean \[history\]\?"),
+])
+def test_unknown_top_level_keys_and_tables_are_refused(tmp_path: Path, text: str, line: int,
+                                                       message: str) -> None:
+    """A typo'd table or a setting outside any table would silently not apply."""
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_settings(path)
+    assert err.value.message.startswith(f"{path}, line {line}: ")
+    assert "\n" not in err.value.message
+
+
+def test_run_with_an_unknown_table_fails_with_one_line(
+        target_gguf: Path, isolated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localspec.cli import main
+
+    path = isolated_home / "config" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[caht]\nmax_tokens = -5\n")
+    assert main(["run", "--target", str(target_gguf), "hello", "-n", "2"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert f"{path}, line 1: unknown table [caht]" in err and "\n" not in err

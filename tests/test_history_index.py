@@ -223,3 +223,139 @@ def test_a_file_with_impossible_marks_is_dropped(tmp_path: Path) -> None:
     path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(blob)) + blob + body)
     back = HistoryIndex.load(path, "v")
     assert not back.restored and back.n_documents == 0
+
+
+def _documents(index: HistoryIndex) -> list[tuple[list[int], list[int]]]:
+    return [(d.tolist(), m.tolist()) for d, m in index.marked_documents()]
+
+
+def test_loading_under_lowered_limits_cuts_the_newest_document_as_update_does(
+        tmp_path: Path) -> None:
+    """The user lowered [history] max_tokens and max_bytes since the file was written."""
+    path = tmp_path / "h.idx"
+    big = np.arange(200_000, dtype=np.int32)
+    marks = np.resize(np.array([0, MARK_CLEAR, MARK_TIED], np.int8), len(big))
+    index = HistoryIndex("v")
+    index.add(big, marks)
+    index.save(path)
+    loaded = HistoryIndex.load(path, "v", max_tokens=2000, max_bytes=64 << 10)
+    at_run_time = HistoryIndex("v", max_tokens=2000, max_bytes=64 << 10)
+    at_run_time.add(big, marks)
+    assert loaded.restored and loaded.n_tokens == 2000 and loaded.n_bytes <= 64 << 10
+    assert _documents(loaded) == _documents(at_run_time)
+    assert _documents(loaded) == [(big[-2000:].tolist(), marks[-2000:].tolist())]
+    found = loaded.lookup([199_990, 199_991, 199_992], budget=2)
+    assert found is not None and found.tokens == (199_993, 199_994)
+    assert loaded.lookup([0, 1, 2], budget=1) is None  # the cut-off start is not held
+
+
+@pytest.mark.parametrize("max_tokens", [1024, 2600])
+def test_loading_under_lowered_limits_keeps_what_update_would(tmp_path: Path,
+                                                             max_tokens: int) -> None:
+    path = tmp_path / "h.idx"
+    docs = [list(range(n * 10_000, n * 10_000 + size))
+            for n, size in enumerate((600, 900, 3000, 700, 1200))]
+    index = HistoryIndex("v")
+    for doc in docs:
+        index.add(doc)
+    index.save(path)
+    at_run_time = HistoryIndex("v", max_tokens=max_tokens)
+    for doc in docs:
+        at_run_time.add(doc)
+    loaded = HistoryIndex.load(path, "v", max_tokens=max_tokens)
+    assert _documents(loaded) == _documents(at_run_time)
+    assert loaded.n_tokens <= max_tokens
+
+
+def _save_in_history(vocabulary: str, index: HistoryIndex) -> Path:
+    from localspec import history
+
+    path = history.index_path(history.CHAT, vocabulary)
+    index.save(path)
+    return path
+
+
+def test_the_listing_calls_a_damaged_file_unreadable_and_clear_empties_it() -> None:
+    from localspec import history
+
+    index = HistoryIndex("vocab-a", note="m.gguf")
+    for n in range(50):
+        index.add(range(n * 1000, n * 1000 + 100))
+    path = _save_in_history("vocab-a", index)
+    (whole,) = history.index_files()
+    assert (whole.documents, whole.tokens, whole.to_json()["readable"]) == (50, 5000, True)
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    assert not HistoryIndex.load(path, "vocab-a").restored
+    (half,) = history.index_files()
+    assert (half.documents, half.tokens, half.to_json()["readable"]) == (None, None, False)
+    assert half.note == "m.gguf"  # the header is intact: it still says whose it was
+    assert [f.path for f in history.clear()] == [path]
+    emptied = HistoryIndex.load(path, "vocab-a")
+    assert emptied.restored and emptied.n_documents == 0
+
+
+def _header_without_documents(path: Path) -> None:
+    """A header that is valid JSON, names the right vocabulary and matches its body's
+    checksum, but has no ``documents`` (another version's, say)."""
+    body = np.array([1, 2, 3, 4, 5, -1], "<i4").tobytes() + np.array([5], "<i8").tobytes()
+    body += bytes(6)
+    meta = json.dumps({"format": 2, "vocabulary": path.stem, "tokens": 6,
+                       "sha256": hashlib.sha256(body).hexdigest(), "epoch": "e"}).encode()
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(meta)) + meta + body)
+
+
+def test_a_header_without_documents_is_unreadable_everywhere_not_a_traceback() -> None:
+    from localspec import history
+
+    from .conftest import run_cli
+
+    path = history.index_path(history.CHAT, "vocab-a")
+    path.parent.mkdir(parents=True)
+    _header_without_documents(path)
+    loaded = HistoryIndex.load(path, "vocab-a")
+    assert not loaded.restored and loaded.n_documents == 0
+    (listed,) = history.index_files()
+    assert listed.documents is None and listed.tokens is None
+    shown = run_cli("history")
+    assert shown.returncode == 0, shown.stderr
+    assert "(unreadable: rebuilt at its next use)" in shown.stdout and not shown.stderr
+    as_json = run_cli("history", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["indexes"][0]["readable"] is False
+    cleared = run_cli("history", "clear")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "cleared 1 index" in cleared.stdout
+    emptied = HistoryIndex.load(path, "vocab-a")
+    assert emptied.restored and emptied.n_documents == 0
+
+
+@pytest.mark.parametrize("header", [{"tokens": None}, {"documents": [1]}, {"tokens": True},
+                                    {"documents": -1}])
+def test_a_header_with_impossible_sizes_is_dropped(tmp_path: Path,
+                                                   header: dict[str, object]) -> None:
+    path = tmp_path / "v.idx"
+    index = HistoryIndex("v")
+    index.add([1, 2, 3, 4, 5])
+    index.save(path)
+    raw = path.read_bytes()
+    n_meta = struct.unpack_from("<I", raw, len(b"LSHIST1\n"))[0]
+    at = len(b"LSHIST1\n") + 4
+    meta = {**json.loads(raw[at:at + n_meta]), **header}
+    blob = json.dumps(meta).encode()
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(blob)) + blob + raw[at + n_meta:])
+    assert not HistoryIndex.load(path, "v").restored
+    with pytest.raises(ValueError):
+        HistoryIndex.verify(path, "v")
+
+
+def test_a_file_whose_lengths_miss_its_separators_is_dropped(tmp_path: Path) -> None:
+    """Lengths that add up but put a document's end where no separator is: read as they say,
+    one document would start with a separator and the next run into it."""
+    path = tmp_path / "v.idx"
+    tokens = np.array([1, 2, 3, 4, -1, 5, 6, -1], "<i4").tobytes()
+    body = tokens + np.array([3, 3], "<i8").tobytes() + bytes(8)
+    meta = json.dumps({"format": 2, "vocabulary": "v", "tokens": 8, "documents": 2,
+                       "sha256": hashlib.sha256(body).hexdigest(), "epoch": "e"}).encode()
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(meta)) + meta + body)
+    loaded = HistoryIndex.load(path, "v")
+    assert not loaded.restored and loaded.n_documents == 0

@@ -199,9 +199,7 @@ class HistoryIndex:
                 raise ValueError(f"{len(mk)} marks for {len(doc)} tokens")
         if len(doc) < KEY_TOKENS + 1 or (doc < 0).any():
             return ""
-        limit = self.token_limit
-        if len(doc) > limit:
-            doc, mk = doc[-limit:], mk[-limit:]
+        doc, mk = _cut(doc, mk, self.token_limit)
         digest = _digest(doc)
         if digest in self._digest_set:
             return "remarked" if self._remark(digest, mk) else ""
@@ -252,15 +250,11 @@ class HistoryIndex:
         return sum(self.add(doc, marks) for doc, marks in other.marked_documents())
 
     def _evict(self) -> None:
-        drop_docs, dropped = 0, 0
-        limit = self.token_limit
-        while (self.n_tokens - dropped > limit
-               and drop_docs < len(self._doc_lengths) - 1):
-            dropped += self._doc_lengths[drop_docs]
-            drop_docs += 1
+        drop_docs = len(self._doc_lengths) - _newest_that_fit(self._doc_lengths,
+                                                              self.token_limit)
         if not drop_docs:
             return
-        cut = dropped + drop_docs  # with their separators
+        cut = sum(self._doc_lengths[:drop_docs]) + drop_docs  # with their separators
         self._digest_set.difference_update(self._doc_digests[:drop_docs])
         del self._doc_digests[:drop_docs]
         del self._doc_lengths[:drop_docs]
@@ -454,18 +448,66 @@ class HistoryIndex:
         index.restored = True
         index.epoch = str(meta.get("epoch") or index.epoch)
         index.note = str(meta.get("note") or "")
-        start = 0
-        for length in lengths:  # the newest documents, as many as the limit holds
-            doc, doc_marks = tokens[start:start + length], marks[start:start + length]
-            start += length + 1
-            digest = _digest(doc)
-            if digest not in index._digest_set:
-                index._append(doc, digest, doc_marks)
-        index._evict()  # the keys are built below, from what is kept
-        keys, follow = _keys(index._tokens)
-        order = np.lexsort((follow, keys))
-        index._keys, index._follow = keys[order], follow[order]
+        index._restore(tokens, marks, lengths)
         return index
+
+    @staticmethod
+    def verify(path: Path, vocabulary: str) -> tuple[int, int]:
+        """(documents, tokens) of the file at ``path`` after every check ``load`` makes: a
+        listing that trusted the header alone would show a damaged file as whole. ValueError
+        says why ``load`` would drop it, OSError that it cannot be read."""
+        _, _, lengths, _ = _parse(path.read_bytes(), vocabulary)
+        return len(lengths), sum(lengths)
+
+    def _restore(self, tokens: np.ndarray, marks: np.ndarray, lengths: list[int]) -> None:
+        """Into an empty index: a file's documents, left as ``update`` would have left them
+        under today's limits (which the user may have lowered since the file was written):
+        each cut to the limit, then the oldest dropped. Built in one go, not document by
+        document: that would copy the arrays once per document."""
+        limit = self.token_limit
+        docs: list[tuple[np.ndarray, np.ndarray]] = []
+        start = 0
+        for length in lengths:
+            docs.append(_cut(tokens[start:start + length], marks[start:start + length], limit))
+            start += length + 1
+        held: list[tuple[np.ndarray, np.ndarray, bytes]] = []
+        seen: set[bytes] = set()
+        for doc, doc_marks in docs:
+            digest = _digest(doc)
+            if digest not in seen:  # two documents may end alike once cut
+                seen.add(digest)
+                held.append((doc, doc_marks, digest))
+        kept = held[len(held) - _newest_that_fit([len(d) for d, _, _ in held], limit):]
+        self._digest_set = {digest for _, _, digest in kept}
+        self._doc_digests = [digest for _, _, digest in kept]
+        self._doc_lengths = [len(doc) for doc, _, _ in kept]
+        separator, unmarked = np.array([SEPARATOR], np.int32), np.zeros(1, np.int8)
+        self._tokens = np.concatenate(
+            [self._tokens, *(part for doc, _, _ in kept for part in (doc, separator))])
+        self._marks = np.concatenate(
+            [self._marks, *(part for _, mk, _ in kept for part in (mk, unmarked))])
+        keys, follow = _keys(self._tokens)
+        order = np.lexsort((follow, keys))
+        self._keys, self._follow = keys[order], follow[order]
+
+
+def _cut(doc: np.ndarray, marks: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """A document longer than the index holds keeps its end (the answer, not the prompt)."""
+    if len(doc) > limit:
+        return doc[-limit:], marks[-limit:]
+    return doc, marks
+
+
+def _newest_that_fit(lengths: Sequence[int], limit: int) -> int:
+    """How many of the newest documents fit in ``limit`` tokens together; at least one where
+    there are any (``update`` cuts a document to the limit before it is added)."""
+    total, kept = 0, 0
+    for length in reversed(lengths):
+        if kept and total + length > limit:
+            break
+        total += length
+        kept += 1
+    return kept
 
 
 def _parse(raw: bytes,
@@ -482,17 +524,19 @@ def _parse(raw: bytes,
         raise ValueError("another format version")
     if meta.get("vocabulary") != vocabulary:
         raise ValueError("another vocabulary")
+    n_tok, n_doc = _count(meta, "tokens"), _count(meta, "documents")
     body = raw[at + n_meta:]
     if hashlib.sha256(body).hexdigest() != meta.get("sha256"):
         raise ValueError("checksum mismatch (damaged)")
-    n_tok, n_doc = int(meta["tokens"]), int(meta["documents"])
     n_marks = n_tok if meta["format"] >= 2 else 0
     if len(body) != 4 * n_tok + 8 * n_doc + n_marks:
         raise ValueError("size mismatch (damaged)")
     tokens = np.frombuffer(body, dtype="<i4", count=n_tok).astype(np.int32)
     lengths = np.frombuffer(body, dtype="<i8", count=n_doc, offset=4 * n_tok).tolist()
-    if sum(lengths) + n_doc != n_tok:
+    if any(n < 0 for n in lengths) or sum(lengths) + n_doc != n_tok:
         raise ValueError("document lengths do not add up (damaged)")
+    if n_doc and (tokens[np.cumsum(np.asarray(lengths, np.int64) + 1) - 1] != SEPARATOR).any():
+        raise ValueError("documents not separated where their lengths say (damaged)")
     if n_marks:
         marks = np.frombuffer(body, dtype="i1", count=n_tok, offset=4 * n_tok + 8 * n_doc)
         if ((marks < MARK_UNKNOWN) | (marks > MARK_TIED)).any():
@@ -501,3 +545,12 @@ def _parse(raw: bytes,
     else:
         marks = np.zeros(n_tok, np.int8)
     return tokens, marks, [int(x) for x in lengths], meta
+
+
+def _count(meta: dict[str, Any], key: str) -> int:
+    """A size field of the header; ValueError where it is missing or no count (another
+    version's header, or a damaged one: JSON's true is an int to Python)."""
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"no {key} count in the header")
+    return value

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import paths
+from ..config import unknown_top_level
 from ..errors import ConfigError, DamagedModelError, GGUFError, LocalspecError, ModelNotFoundError
 from ..files import atomic_write
 from ..gguf_meta import pair_report, read_gguf_info, validate_pair
@@ -111,15 +112,21 @@ def _toml_error(label: str, exc: tomllib.TOMLDecodeError) -> ConfigError:
     return ConfigError(f"{label}: {text}")
 
 
+_PAIR_HEADER = re.compile(r"""\s*\[\[\s*(pair|"pair"|'pair')\s*\]\]""")
+_NEW_FILE = "# localspec user pairs (`localspec pair add`); merged over the shipped catalogue.\n"
+_KEYS = ("name", "target", "draft", "draft_mode", "why")
+_DEFAULTS = {"draft_mode": "model", "why": ""}  # keys an entry may leave out
+
+
+def _pair_headers(lines: list[str]) -> list[int]:
+    """The indexes of the ``[[pair]]`` header lines (tomllib reports no positions)."""
+    return [number for number, line in enumerate(lines) if _PAIR_HEADER.match(line)]
+
+
 def _pair_line(text: str, index: int) -> int:
     """The line of the ``index``-th ``[[pair]]`` header, for error messages."""
-    seen = -1
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip().replace(" ", "").startswith("[[pair]]"):
-            seen += 1
-            if seen == index:
-                return number
-    return 1
+    headers = _pair_headers(text.splitlines())
+    return headers[index] + 1 if index < len(headers) else 1
 
 
 def parse_pairs(text: str, label: str, source: Source) -> dict[str, Pair]:
@@ -128,12 +135,19 @@ def parse_pairs(text: str, label: str, source: Source) -> dict[str, Pair]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _toml_error(label, exc) from exc
+    stray = unknown_top_level(data, text, ("[[pair]]",),
+                              lambda key: "[[pair]]" if key in _KEYS else None)
+    if stray:
+        line, problem = stray
+        raise ConfigError(f"{label}: line {line}: {problem}" if line else f"{label}: {problem}")
     entries = data.get("pair", [])
     if not isinstance(entries, list):
         raise ConfigError(f"{label}: 'pair' must be an array of tables ([[pair]] sections)")
     pairs: dict[str, Pair] = {}
+    lines: dict[str, int] = {}
     for index, entry in enumerate(entries):
-        where = f"{label}: line {_pair_line(text, index)}"
+        line = _pair_line(text, index)
+        where = f"{label}: line {line}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: each [[pair]] must be a table")
         for key in ("name", "target", "draft"):
@@ -143,9 +157,14 @@ def parse_pairs(text: str, label: str, source: Source) -> dict[str, Pair]:
         if mode not in DRAFT_MODES:
             raise ConfigError(f"{where}: draft_mode {mode!r} is not one of "
                               f"{', '.join(DRAFT_MODES)}")
-        unknown = set(entry) - {"name", "target", "draft", "draft_mode", "why"}
+        unknown = set(entry) - set(_KEYS)
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        if entry["name"] in pairs:
+            # Not last-wins: which of the two the user meant is theirs to say.
+            raise ConfigError(f"{where}: pair {entry['name']!r} is defined twice (first at line "
+                              f"{lines[entry['name']]}); rename or remove one")
+        lines[entry["name"]] = line
         pairs[entry["name"]] = Pair(name=entry["name"], target=entry["target"],
                                     draft=entry["draft"], draft_mode=mode,
                                     why=str(entry.get("why", "")), source=source)
@@ -158,16 +177,21 @@ def shipped_pairs() -> dict[str, Pair]:
     return parse_pairs(text, "localspec/models.toml (shipped)", "shipped")
 
 
+def _read_user_file(path: Path) -> str | None:
+    """The user's pair file as written (its line endings kept); None when there is none."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: unreadable ({exc})") from exc
+
+
 def user_pairs() -> dict[str, Pair]:
     """The user's own pairs; none when the file does not exist."""
     path = user_pairs_path()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: unreadable ({exc})") from exc
-    return parse_pairs(text, str(path), "user")
+    text = _read_user_file(path)
+    return {} if text is None else parse_pairs(text, str(path), "user")
 
 
 def load_pairs() -> dict[str, Pair]:
@@ -185,13 +209,81 @@ def find_pair(name: str) -> Pair:
     raise ModelNotFoundError(f"no pair named {name!r}{hint}")
 
 
-def _write_user_pairs(pairs: dict[str, Pair]) -> None:
-    import tomli_w
+def _is_content(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith("#")
 
+
+def _render(pair: Pair, newline: str) -> str:
+    import tomlkit  # deferred: only `pair add` and `pair remove` write
+
+    return tomlkit.dumps({"pair": [pair.to_toml()]}).replace("\n", newline)
+
+
+def _updated(entry_text: str, pair: Pair) -> str:
+    """One ``[[pair]]`` table's text with ``pair``'s values: its keys stay where they are, with
+    their comments; a left-out key is added only when its value is not the default."""
+    import tomlkit
+
+    doc = tomlkit.parse(entry_text)
+    table = doc["pair"][0]
+    for key, value in pair.to_toml().items():
+        if table.get(key, _DEFAULTS.get(key)) != value:
+            table[key] = value
+    return tomlkit.dumps(doc)
+
+
+def _edited(text: str, pairs: dict[str, Pair], name: str, pair: Pair | None) -> str:
+    """``text`` with the ``[[pair]]`` table called ``name`` replaced by ``pair`` (appended when
+    there is none), or removed when ``pair`` is None. Everything else is kept as written: the
+    user's comments, layout and other pairs; comments after a removed table stay too, as they
+    may be about the next one."""
+    lines = text.splitlines(keepends=True)
+    newline = "\r\n" if "\r\n" in text else "\n"
+    headers = _pair_headers(lines)
+    if len(headers) != len(pairs):  # `pair = [...]`, or a header inside a multi-line string
+        raise ConfigError(f"{user_pairs_path()}: cannot edit its pairs in place (they are not "
+                          "all [[pair]] tables); edit the file by hand")
+    index = list(pairs).index(name) if name in pairs else None
+    if index is None:
+        assert pair is not None
+        if text.strip():
+            text += "" if text.endswith("\n") else newline
+            text += "" if text.endswith(newline * 2) else newline
+        else:
+            text = _NEW_FILE.replace("\n", newline) + newline
+        return text + _render(pair, newline)
+    start = headers[index]
+    end = headers[index + 1] if index + 1 < len(headers) else len(lines)
+    # The table ends at its last key: comments and blank lines after it lead to what follows.
+    while end > start + 1 and not _is_content(lines[end - 1]):
+        end -= 1
+    entry = "".join(lines[start:end])
+    if pair is not None:
+        return "".join(lines[:start]) + _updated(entry, pair) + "".join(lines[end:])
+    while end < len(lines) and not lines[end].strip():
+        end += 1  # the blank lines that set the removed table apart
+    return "".join(lines[:start] + lines[end:])
+
+
+def _write_user_pairs(name: str, pair: Pair | None) -> Pair | None:
+    """Add, replace (``pair``) or remove (None) the user's pair ``name`` by editing their file
+    in place, atomically; the pair it replaced or removed, if any."""
     path = user_pairs_path()
-    body = tomli_w.dumps({"pair": [p.to_toml() for p in pairs.values()]})
-    header = "# localspec user pairs (`localspec pair add`); merged over the shipped catalogue.\n"
-    atomic_write(path, header + body)
+    text = _read_user_file(path) or ""
+    pairs = parse_pairs(text, str(path), "user")  # a file in error is never rewritten
+    old = pairs.get(name)
+    if pair is None and old is None:
+        raise ModelNotFoundError(f"no user pair named {name!r} in {path}")
+    new_text = _edited(text, pairs, name, pair)
+    expected = {k: v for k, v in pairs.items() if k != name}
+    if pair is not None:
+        expected[name] = pair
+    # The edit works on lines; a file it misread is refused rather than written wrong.
+    if parse_pairs(new_text, str(path), "user") != expected:
+        raise ConfigError(f"{path}: cannot edit its pairs in place; edit the file by hand")
+    atomic_write(path, new_text)
+    return old
 
 
 def add_user_pair(name: str, target: str, draft: str, draft_mode: str = "model",
@@ -205,19 +297,14 @@ def add_user_pair(name: str, target: str, draft: str, draft_mode: str = "model",
     pair = Pair(name=name, target=target, draft=draft, draft_mode=draft_mode,
                 why=why or f"added with `localspec pair add` ({display_name(draft)} drafts for "
                            f"{display_name(target)})", source="user")
-    pairs = user_pairs()
-    pairs[name] = pair
-    _write_user_pairs(pairs)
+    _write_user_pairs(name, pair)
     return pair
 
 
 def remove_user_pair(name: str) -> Pair:
     """Delete a user pair (shipped pairs cannot be removed, only overridden)."""
-    pairs = user_pairs()
-    if name not in pairs:
-        raise ModelNotFoundError(f"no user pair named {name!r} in {user_pairs_path()}")
-    pair = pairs.pop(name)
-    _write_user_pairs(pairs)
+    pair = _write_user_pairs(name, None)
+    assert pair is not None  # _write_user_pairs refuses to remove a pair that is not there
     return pair
 
 
