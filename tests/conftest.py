@@ -66,6 +66,8 @@ def run_cli(*args: str, stdin: str | bytes | None = None, timeout: float = 120,
     """``localspec ARGS`` in a child process. A child killed by a signal (a native crash in
     llama.cpp) fails the test loudly instead of passing as "a non-zero exit"."""
     text = not isinstance(stdin, bytes)
+    if stdin is None:  # not the runner's own stdin: `run` reads text piped in beside its words
+        kw.setdefault("stdin", subprocess.DEVNULL)
     proc = subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True,
                           text=text, input=stdin, timeout=timeout, env=env, **kw)
     assert_no_signal(proc.returncode, args, proc.stderr)

@@ -41,6 +41,23 @@ def test_run_prompt_from_stdin(target_gguf: Path) -> None:
     assert json.loads(proc.stdout)["stats"]["prompt_tokens"] > 3
 
 
+def test_text_piped_beside_the_words_goes_before_them(target_gguf: Path) -> None:
+    """`cat notes.md | localspec run PAIR "summarise this"`: the piped text is part of the
+    prompt, not dropped because words were given too."""
+    from localspec.engine import ModelSettings, SpeculativeEngine
+
+    base = ("run", "--target", str(target_gguf), "--draft-mode", "none", "-n", "1",
+            "--ctx", "256", "--raw", "--json")
+    both = run_cli(*base, "summarise this", stdin="the notes\n")
+    alone = run_cli(*base, "summarise this")  # stdin: nothing (the tests' /dev/null)
+    assert both.returncode == alone.returncode == 0, both.stderr + alone.stderr
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)) as engine:
+        want = len(engine.tokenize("the notes\n\nsummarise this", chat=False))
+        words = len(engine.tokenize("summarise this", chat=False))
+    assert json.loads(both.stdout)["stats"]["prompt_tokens"] == want
+    assert json.loads(alone.stdout)["stats"]["prompt_tokens"] == words
+
+
 def test_bench_json_has_speedup_and_identity(target_gguf: Path, draft_gguf: Path,
                                              tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ input is one line and exit status 2, never a traceback or llama.cpp's own error 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,13 @@ def test_non_utf8_stdin_is_one_line(target_gguf: Path) -> None:
     assert proc.returncode == 1
     line = _one_line(proc.stderr.decode())
     assert "the prompt on stdin is not UTF-8 text (byte 0xff at offset 6)" in line
+
+
+def test_a_non_utf8_argument_is_one_line_naming_it(target_gguf: Path) -> None:
+    proc = run_cli("run", "--target", str(target_gguf), os.fsdecode(b"caf\xe9"))
+    assert proc.returncode == 1
+    line = _one_line(proc.stderr)
+    assert "the prompt given as arguments is not UTF-8 text (byte 0xe9 at offset 3)" in line
 
 
 def test_config_values_are_checked_for_run(target_gguf: Path, isolated_home: Path) -> None:

@@ -93,6 +93,22 @@ def test_a_damaged_history_is_one_stderr_line_not_a_traceback(args: tuple[str, .
     assert db.read_bytes() == original and names(db.parent) == ["chats.sqlite3"]
 
 
+@pytest.mark.parametrize("stdin", ["devnull", "closed"])
+@pytest.mark.parametrize("args", [("tui",), ()], ids=["tui", "no-command"])
+def test_without_a_terminal_the_app_is_one_line_not_a_hang_or_traceback(
+        args: tuple[str, ...], stdin: str) -> None:
+    """From a script or a service (stdin not a terminal, or closed): Textual would draw into
+    the pipe for ever, or fail on the missing stdin with a traceback and exit status 0."""
+    proc = subprocess.run([sys.executable, "-m", "localspec", *args], cwd=REPO,
+                          stdin=subprocess.DEVNULL if stdin == "devnull" else None,
+                          preexec_fn=(lambda: os.close(0)) if stdin == "closed" else None,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("localspec: error: the chat app needs a terminal"), line
+    assert proc.stdout == ""
+
+
 @pytest.mark.parametrize("kind", ["folder", "data-dir-is-a-file"])
 def test_an_unopenable_history_is_one_stderr_line(kind: str) -> None:
     db = paths.data_dir() / "chats.sqlite3"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -13,6 +15,7 @@ from .common import (
     add_draft_options,
     add_model_options,
     add_sampling_options,
+    decode_text,
     engine_spec,
     settings_from,
     stdin_text,
@@ -25,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="generate with a pair: streams the text to stdout",
                        description="Generate with a draft/target pair. The prompt is sent as a "
                                    "chat message through the target's chat template (--raw for "
-                                   "plain completion); it may also come on stdin. With a pair "
+                                   "plain completion); it may also come on stdin, and text piped in beside "
+                                   "the prompt's words goes before them. With a pair "
                                    "and no prompt on a terminal, opens the chat app. Settings "
                                    "not given as options come from config.toml.")
     p.add_argument("words", nargs="*", metavar="[PAIR|MODEL] PROMPT",
@@ -51,8 +55,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _split_words(args: argparse.Namespace) -> tuple[str | None, str | None]:
     words = list(args.words)
     pair = None if args.target else (words.pop(0) if words else None)
-    prompt = " ".join(words) if words else None
-    return pair, prompt
+    return pair, _words_text(words)
+
+
+def _words_text(words: list[str]) -> str | None:
+    """The prompt's words as text. Bytes that are not UTF-8 reach Python as lone surrogates,
+    which fail only later, deep in tokenizing; so they are named here, as stdin's are."""
+    if not words:
+        return None
+    return decode_text(os.fsencode(" ".join(words)), "the prompt given as arguments")
+
+
+def _prompt_text(words: str | None) -> str | None:
+    """The prompt: the words, after any text piped in beside them (`cat notes.md | localspec
+    run PAIR "summarise this"`), as in other LLM command lines; without words, stdin alone."""
+    if words is None:
+        return stdin_text()
+    piped = _ready_stdin_text()
+    if piped is None or not piped.strip():
+        return words
+    return f"{piped.rstrip()}\n\n{words}"
+
+
+def _ready_stdin_text() -> str | None:
+    """What a pipe or file on stdin holds, if it has something (or its end) to read within a
+    moment. A stdin left open with nothing to say (a service, an editor's task runner) is not
+    waited on: with words given, the prompt does not need it."""
+    stdin = sys.stdin
+    if stdin is None or stdin.isatty():
+        return None
+    try:
+        ready, _, _ = select.select([stdin], [], [], 0.2)
+    except (OSError, ValueError):  # not selectable (closed, or not a file descriptor)
+        return None
+    return stdin_text() if ready else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     # The user's own history, the chat app's: run is one more of their requests.
     spec = replace(engine_spec(args, pair, settings), history=scope_for("chat", settings))
-    if prompt is None:
-        prompt = stdin_text()
+    prompt = _prompt_text(prompt)
     if prompt is None:
         return _open_tui(spec)
     if not prompt.strip():
@@ -97,8 +132,7 @@ def _run_remote(args: argparse.Namespace) -> int:
 
     if args.target or args.draft:
         raise LocalspecError("give either --url or models (--target/--draft), not both")
-    words = list(args.words)
-    prompt = " ".join(words) if words else stdin_text()
+    prompt = _prompt_text(_words_text(list(args.words)))
     if prompt is None or not prompt.strip():
         raise LocalspecError("the prompt is empty (pass it as an argument or on stdin)")
     settings = settings_from(args, read_config=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..chat_store import ChatStore, DamagedChatHistory
-from ..errors import DamagedChatStoreError
+from ..errors import DamagedChatStoreError, LocalspecError
 
 if TYPE_CHECKING:
     from ..loading import EngineSpec
@@ -121,6 +121,9 @@ def open_tui(spec: EngineSpec | None = None, *, url: str | None = None,
         settings = replace(settings, history=history_setting)
     # Before the heavy imports below: a chat history that cannot be used fails in a blink.
     history = open_chat_store(reset_damaged=reset_damaged_chats, ask=can_ask())
+    if not can_ask():  # else Textual fails on a closed stdin, or draws into a file for ever
+        raise LocalspecError("the chat app needs a terminal (stdin and stderr on one); to "
+                             "answer one prompt without it: localspec run PAIR \"PROMPT\"")
 
     from ..engine.llama_backend import route_llama_logs_to_logging
     from ..models.library import DefaultLibrary
