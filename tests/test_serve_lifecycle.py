@@ -91,6 +91,21 @@ def test_serve_gives_up_when_the_first_load_fails(target_gguf: Path, tmp_path: P
                         r"\.\.\.", lines[0]), lines
     assert lines[1].startswith("localspec: error: ") and "refused.gguf" in lines[1], lines
     assert "llama.cpp" in lines[1], lines  # refused by llama.cpp, not by localspec's checks
+    # With its reason (the first error llama.cpp logged, not its last "failed to load model").
+    assert "tensor 'output_norm.weight' not found" in lines[1], lines
+
+
+def test_run_names_why_llama_cpp_refused_a_file_in_one_line(target_gguf: Path,
+                                                            tmp_path: Path) -> None:
+    bad = _unloadable(target_gguf, tmp_path / "refused.gguf")
+    proc = subprocess.run([sys.executable, "-m", "localspec", "run", "--target", str(bad),
+                           "-n", "2", "hi"], capture_output=True, text=True, timeout=90,
+                          cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert_no_signal(proc.returncode, "run", proc.stderr)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"localspec: error: {bad}: llama.cpp could not load it (check_tensor_dims: tensor "
+        "'output_norm.weight' not found)"]
 
 
 def test_sigterm_ends_each_request_in_flight_and_exits_0(slow_pair: tuple[Path, Path]) -> None:

@@ -96,9 +96,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    # llama.cpp's own chatter is routed to this logger; keep it out unless asked for.
+    # llama.cpp's own chatter is routed to this logger; keep it out unless asked for. Its error
+    # lines too at the default level: what they say (why a load failed) is in localspec's one
+    # line, which they would otherwise precede; --log-level info shows them.
+    upper = level.upper()
     logging.getLogger("localspec.llama_cpp").setLevel(
-        logging.DEBUG if level.upper() == "DEBUG" else logging.ERROR)
+        logging.DEBUG if upper == "DEBUG" else logging.ERROR if upper == "INFO"
+        else logging.CRITICAL)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

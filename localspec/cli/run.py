@@ -28,8 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="generate with a pair: streams the text to stdout",
                        description="Generate with a draft/target pair. The prompt is sent as a "
                                    "chat message through the target's chat template (--raw for "
-                                   "plain completion); it may also come on stdin, and text piped in beside "
-                                   "the prompt's words goes before them. With a pair "
+                                   "plain completion); it may also come on stdin, and text "
+                                   "piped in beside the prompt's words goes before them. With "
+                                   "a pair "
                                    "and no prompt on a terminal, opens the chat app. Settings "
                                    "not given as options come from config.toml.")
     p.add_argument("words", nargs="*", metavar="[PAIR|MODEL] PROMPT",

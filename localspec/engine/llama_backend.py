@@ -43,12 +43,25 @@ _LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.W
 _log_callback: Any = None  # keeps the ctypes callback alive for as long as llama.cpp may call it
 _abort_callback: Any = None  # likewise for ggml's abort callback
 _backend_ready = False
-# llama.cpp reports why a load failed only in its log; the last error line goes into our message.
-_last_error: list[str] = [""]
+# llama.cpp reports why a load failed only in its log: the error lines logged during a load,
+# from which the reason goes into our message.
+_load_errors: list[str] = []
 
 RepackMode = Literal["auto", "on", "off"]
 # common_prefix compares all but this many trailing tokens in one go (see there).
 _TAIL = 64
+
+
+def _load_reason(errors: list[str]) -> str:
+    """Why llama.cpp refused a model, from the error lines it logged: the first names the cause
+    ("gguf_init_from_reader: key 'general.alignment' must be of type u32 but is i32", or
+    "llama_model_load: error loading model: check_tensor_dims: tensor ... has wrong shape");
+    the ones after it pass it up, down to the last ("failed to load model"), which says
+    nothing."""
+    if not errors:
+        return "no reason given"
+    first, marker = errors[0], "error loading model: "
+    return first.split(marker, 1)[1] if marker in first else first.split(": ", 1)[-1]
 
 
 def route_llama_logs_to_logging() -> None:
@@ -69,8 +82,8 @@ def route_llama_logs_to_logging() -> None:
     def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         msg = text.decode("utf-8", errors="replace").rstrip()
         if msg:
-            if level == 4:
-                _last_error[0] = msg
+            if level == 4 and len(_load_errors) < 32:
+                _load_errors.append(msg)
             _llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", msg)
 
     _log_callback = _callback
@@ -245,10 +258,10 @@ class LlamaRunner:
         layers = settings.n_gpu_layers or 0
         params.n_gpu_layers = 0x7FFFFFFF if layers < 0 else layers
         params.use_extra_bufts = extra_bufts
-        _last_error[0] = ""
+        _load_errors.clear()
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
-            reason = _last_error[0].split(": ", 1)[-1] or "no reason given"
+            reason = _load_reason(_load_errors)
             raise ModelLoadError(f"{self.path}: llama.cpp could not load it ({reason})")
         return model
 
