@@ -64,6 +64,14 @@ class ContextOverflowError(LocalspecError):
     title = "Prompt too long"
 
 
+class DraftSettingsError(LocalspecError):
+    """A request's drafting settings that cannot apply to the models loaded (a drafter that
+    needs the history this request turns off, or a draft model there is none of): the
+    asker's to change, so a 400 from the server."""
+
+    title = "Drafting settings"
+
+
 class ConfigError(LocalspecError):
     """A configuration or catalogue file is malformed."""
 

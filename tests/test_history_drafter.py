@@ -359,6 +359,15 @@ def test_the_request_field_turns_it_off_for_one_request(
     r = httpx.post(srv.url + "/v1/completions", timeout=60,
                    json={"prompt": "x", "max_tokens": 2, "history": "maybe"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "history"
+    # Drafting from the history with the history off is the asker's mistake: a 400 before
+    # anything streams, not a 500 (or a 200 and an error event).
+    for stream in (False, True):
+        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "prompt": "x", "max_tokens": 2, "draft_mode": "history", "history": "off",
+            "stream": stream})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "draft_mode" and "turns off" in error["message"]
 
 
 @pytest.mark.parametrize(("server_history", "recorded"), [("serve", 0), (None, 0),

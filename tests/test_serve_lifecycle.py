@@ -185,6 +185,32 @@ def test_a_client_that_leaves_frees_the_engine(slow_pair: tuple[Path, Path]) -> 
         proc.wait()
 
 
+def test_the_front_answers_in_openais_shape(target_gguf: Path) -> None:
+    """What no route takes is an OpenAI error body, on the front as on the engine; the SDKs'
+    models.retrieve finds the model by any of its names; a relayed answer has one date and one
+    server header, not the engine's beside the front's."""
+    import openai
+
+    proc = _serve("--target", str(target_gguf), "--ctx", "256", "--threads", "1",
+                  "--model-name", "tiny-model")
+    try:
+        url = _serving_url(proc)
+        for method, path, status in (("GET", "/v2/anything", 404), ("PUT", "/health", 405),
+                                     ("PUT", "/v1/models", 405),
+                                     ("GET", "/v1/models/nothing-here", 404)):
+            r = httpx.request(method, url + path)
+            assert r.status_code == status, (method, path, r.text)
+            assert r.json()["error"]["message"], (method, path)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        assert client.models.retrieve("tiny-model").id == "tiny-model"
+        assert client.models.retrieve(target_gguf.name).id == "tiny-model"  # an alias
+        r = httpx.get(url + "/v1/models")
+        assert len(r.headers.get_list("date")) == 1 and len(r.headers.get_list("server")) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _spec(target: Path) -> EngineSpec:
     return EngineSpec(target=str(target), target_settings=ModelSettings(n_ctx=256))
 

@@ -235,6 +235,18 @@ def test_sampling_with_seed_is_reproducible(client: openai.OpenAI) -> None:
     assert once() == once()
 
 
+def test_a_seed_of_minus_one_is_llama_servers_random_seed() -> None:
+    """Clients written for llama-server send seed -1 for "random": a fixed seed of -1 would
+    give the same text every time. It also overrides a server's own --seed."""
+    from localspec.engine import SamplingParams
+    from localspec.server.openai_schema import parse_request
+
+    config = ServerConfig(model_id="m", default_sampling=SamplingParams(seed=5))
+    assert parse_request({"prompt": "x", "seed": -1}, "completion", config).sampling.seed is None
+    assert parse_request({"prompt": "x", "seed": 7}, "completion", config).sampling.seed == 7
+    assert parse_request({"prompt": "x"}, "completion", config).sampling.seed == 5
+
+
 # -- errors ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"n": 2}, "n"),

@@ -1,14 +1,17 @@
 """Who may ask, and how much: the API key and the body limit of a ServerConfig, checked the same
-way by ``serve``'s public front (``front.py``) and by the app it relays to (``app.py``)."""
+way by ``serve``'s public front (``front.py``) and by the app it relays to (``app.py``); and how
+both answer what no route takes."""
 
 from __future__ import annotations
 
 import hmac
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from .config import ServerConfig
-from .openai_schema import ApiError
+from .openai_schema import ApiError, error_body
 
 # A body over the limit is still read (up to this much) before answering 413: closing the
 # connection while the client is still sending makes it see a reset instead of the error body.
@@ -45,3 +48,10 @@ async def read_body(request: Request, config: ServerConfig) -> bytes:
     if size > limit:
         raise too_big
     return b"".join(parts)
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown paths and wrong methods, answered in OpenAI's error shape too (its clients parse
+    that into their exception's message)."""
+    return JSONResponse(error_body(str(exc.detail), "invalid_request_error"),
+                        status_code=exc.status_code, headers=exc.headers)

@@ -25,9 +25,9 @@ from starlette.routing import Route
 
 from ..engine.decoder import Finished
 from ..engine.text import TextChunk
-from ..errors import ContextOverflowError, LocalspecError
+from ..errors import ContextOverflowError, DraftSettingsError, LocalspecError
 from ..requests import ChatOptions, build_request
-from .access import authorize, read_body
+from .access import authorize, http_error, read_body
 from .config import ServerConfig
 from .metrics import Metrics
 from .openai_schema import (
@@ -35,7 +35,6 @@ from .openai_schema import (
     Kind,
     ParsedRequest,
     chunk,
-    error_body,
     fit_context,
     full_response,
     models_list,
@@ -110,11 +109,12 @@ def create_app(engine_or_factory: SpeculativeEngine | Callable[[], SpeculativeEn
         Route("/health", _endpoint(_health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(_metrics), methods=["GET"]),
         Route("/v1/models", _endpoint(_models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _endpoint(_model), methods=["GET"]),
         Route("/v1/chat/completions", _endpoint(_chat), methods=["POST"]),
         Route("/v1/completions", _endpoint(_completions), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
+                    exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
     app.state.localspec = state
     return app
 
@@ -167,12 +167,6 @@ def _internal_error(exc: Exception, where: str) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    # Unknown paths and wrong methods answer in OpenAI's shape too.
-    return JSONResponse(error_body(str(exc.detail), "invalid_request_error"),
-                        status_code=exc.status_code, headers=exc.headers)
-
-
 async def _read_json(request: Request, config: ServerConfig) -> Any:
     body = await read_body(request, config)
     try:
@@ -206,6 +200,8 @@ def _failure(error: BaseException) -> ApiError:
         return ApiError(400, error.message, code="context_length_exceeded")
     if isinstance(error, ValueError):
         return ApiError(400, str(error))
+    if isinstance(error, DraftSettingsError):
+        return ApiError(400, error.message, param="draft_mode")
     if isinstance(error, LocalspecError):
         return ApiError(500, error.message, type="server_error")
     log.error("generation failed: %r", error)
@@ -286,6 +282,16 @@ async def _models(request: Request, state: ServerState) -> Response:
                                     state.model_meta()))
 
 
+async def _model(request: Request, state: ServerState) -> Response:
+    """``/v1/models/NAME`` (the SDKs' ``models.retrieve``): the model, by any name it answers
+    to; 404 naming them otherwise."""
+    _check_model(request.path_params["model"], state)
+    names = state.model_names()
+    listed = models_list(names[0], names[1:], state.config.owned_by, state.created,
+                         state.model_meta())
+    return JSONResponse(listed["data"][0])
+
+
 async def _chat(request: Request, state: ServerState) -> Response:
     return await _generate(request, state, "chat")
 
@@ -304,6 +310,10 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     options = request_options(parsed, state.config)
     built = await _on_engine(state, lambda: _build(engine, parsed, options))
     gen = fit_context(built, parsed, engine.target.n_ctx, state.config)
+    try:  # here, not on the engine thread: a stream's status line is still to be sent
+        gen.draft.validate(engine.draft is not None)
+    except DraftSettingsError as exc:
+        raise _failure(exc) from None
     events = _Events(state.metrics)
     try:
         job = state.worker.submit(gen, events.sink)

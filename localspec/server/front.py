@@ -24,12 +24,13 @@ from typing import Any, Literal, TypeVar
 import anyio
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import LocalspecError
-from .access import authorize, read_body
+from .access import authorize, http_error, read_body
 from .config import ServerConfig
 from .engine_process import END_GRACE_SECONDS, EngineProcess, ProcessEnd
 from .loop_errors import ignore_cancelled_future_results
@@ -42,8 +43,10 @@ State = Literal["loading", "ok", "restarting", "failed"]
 _SHUTDOWN_MESSAGE = "the server is shutting down"
 # What a relay's queue carries besides the engine's bytes.
 _STOP, _END = object(), object()
+# Not relayed: hop-by-hop headers, the engine's key, and the engine's date and server
+# headers (the front's own server adds its own; a response with two of each confuses proxies).
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host",
-                "authorization"}
+                "authorization", "date", "server"}
 
 
 @dataclass(slots=True)
@@ -133,7 +136,8 @@ def create_front_app(process: EngineProcess, config: ServerConfig, *,
     routes = [Route("/health", _health, methods=["GET"]),
               Route("/metrics", _relay, methods=["GET"]),
               Route("/v1/{path:path}", _relay, methods=["GET", "POST"])]
-    app = Starlette(routes=routes, lifespan=_lifespan)
+    app = Starlette(routes=routes, lifespan=_lifespan,
+                    exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
     app.state.front = Front(sup, client, config)
     app.state.supervisor = sup
     return app

@@ -183,8 +183,10 @@ def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
         raise unsupported("n", "only n=1 (one choice per request) is served")
     if kind == "completion" and body.get("best_of") not in (None, 1):
         raise unsupported("best_of", "only best_of=1 is served")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise unsupported("logprobs" if "logprobs" in body else "top_logprobs")
+    if body.get("logprobs") not in (None, False, 0):
+        raise unsupported("logprobs")
+    if body.get("top_logprobs") not in (None, 0):
+        raise unsupported("top_logprobs")
     if body.get("logit_bias"):
         raise unsupported("logit_bias")
     if body.get("echo"):
@@ -328,6 +330,9 @@ def _sampling(body: dict[str, Any], base: SamplingParams) -> SamplingParams:
             continue
         if key == "top_k" and value == -1:
             value = 0  # -1 is vLLM's and llama.cpp's "disabled" for top_k; ours is 0
+        if key == "seed" and value == -1 and not isinstance(value, bool):
+            changes[key] = None  # llama-server's "a random seed", not a fixed seed of -1
+            continue
         changes[key] = _checked(key, value)
     for key in ("repeat_penalty", "repetition_penalty"):  # llama.cpp's and vLLM's names
         value = body.get(key)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from ... import params
-from ...errors import LocalspecError
+from ...errors import DraftSettingsError, LocalspecError
 from .proposal import Proposal, TreeRequest
 
 if TYPE_CHECKING:
@@ -189,8 +189,8 @@ class DraftSettings:
         if not isinstance(self.history, bool):
             raise LocalspecError(f"history must be true or false, got {self.history!r}")
         if self.mode != NO_DRAFT and get(self.mode).needs_history and not self.history:
-            raise LocalspecError(f"draft mode {self.mode!r} drafts from the history, which "
-                                 "this request turns off (--history off)")
+            raise DraftSettingsError(f"draft mode {self.mode!r} drafts from the history, which "
+                                     "this request turns off (--history off)")
         if self.mode != NO_DRAFT and get(self.mode).needs_draft_model and not has_draft_model:
-            raise LocalspecError(
+            raise DraftSettingsError(
                 f"draft mode {self.mode!r} needs a draft model (or use --draft-mode lookup)")
