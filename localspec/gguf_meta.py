@@ -372,7 +372,12 @@ def _check_layout(path: Path, tensors: list[_Tensor], data_start: int, alignment
 
 # -- validation and metadata --------------------------------------------------------------------
 def _check_header(path: Path) -> int:
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError:
+        # A name no file can have (longer than the file system allows) names no file.
+        exists = False
+    if not exists:
         raise GGUFError(f"{path}: no such file")
     if not path.is_file():
         raise GGUFError(f"{path}: not a file")

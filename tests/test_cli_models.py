@@ -202,3 +202,22 @@ def test_pair_add_and_remove_on_an_unwritable_folder_are_one_line(
         assert err == f"localspec: error: cannot save your pairs to {path}: {reason}\n"
     assert path.read_text() == before  # nothing half-written, nothing lost
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_pull_of_local_files_says_there_is_nothing_to_pull(
+        tmp_path: Path, target_gguf: Path, draft_gguf: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A pair of two .gguf paths pulled nothing and said nothing (exit 0, no output); a .gguf
+    path was called "not a model name … nor an existing .gguf file" though it existed."""
+    assert main(["pair", "add", "mine", "--target", str(target_gguf),
+                 "--draft", str(draft_gguf)]) == 0
+    capsys.readouterr()
+    assert main(["pull", "mine"]) == 0
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == "mine: both models are local files; nothing to pull\n"
+    assert main(["pull", str(target_gguf)]) == 0
+    assert capsys.readouterr().err == f"{target_gguf}: a local file; nothing to pull\n"
+    missing = tmp_path / "missing.gguf"
+    assert main(["pull", str(missing)]) == 1
+    assert capsys.readouterr().err == f"localspec: error: {missing}: no such file\n"

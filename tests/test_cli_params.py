@@ -132,3 +132,43 @@ def test_a_wrong_tensor_count_is_refused_by_every_command(tmp_path: Path, target
         assert "damaged" in line and "after the last tensor" in line and str(bad) in line, line
     listed = json.loads(run_cli("list", "--json").stdout)
     assert all(p["name"] != "broken" for p in listed["pairs"])
+
+
+def test_a_draft_without_a_target_is_refused_not_dropped(tmp_path: Path, target_gguf: Path,
+                                                         draft_gguf: Path) -> None:
+    """`run --draft D MODEL` ran MODEL with prompt lookup and exit 0: the draft was never
+    loaded, nor even checked (a text file passed); with a pair the pair's own draft won."""
+    add = run_cli("pair", "add", "tiny", "--target", str(target_gguf), "--draft", str(draft_gguf))
+    assert add.returncode == 0, add.stderr
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    both = "give either a pair name (or one model) or --target/--draft, not both"
+    cases = [
+        (["run", "--draft", str(draft_gguf), str(target_gguf), "-n", "3", "-v", "hi there"],
+         both),
+        (["run", "tiny", "--draft", str(notes), "-n", "3", "hi there"], both),
+        (["bench", "tiny", "--draft", str(draft_gguf), "-n", "3", "--prompt", "hi"], both),
+        (["serve", "--draft", str(draft_gguf), "--port", "0"], "--draft needs --target"),
+    ]
+    for args, words in cases:
+        proc = run_cli(*args, stdin="", timeout=60)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert proc.stdout == "", (args, proc.stdout)
+        line = _one_line(proc.stderr)
+        assert words in line and "--draft needs --target" in line, (args, line)
+
+
+def test_a_name_too_long_for_a_file_is_no_such_pair_or_file(tmp_path: Path) -> None:
+    """A prompt typed where the pair goes (or any name over 255 bytes) made stat() fail with
+    ENAMETOOLONG: an "unexpected OSError" line, or a traceback from suggest and inspect."""
+    prompt = "Explain in detail how speculative decoding works " * 6
+    too_long = str(tmp_path / ("a" * 300 + ".gguf"))
+    cases = [(["run", prompt], "no pair named"),
+             (["suggest", prompt], "is not an Ollama model name"),
+             (["inspect", too_long], f"{too_long}: no such file"),
+             (["run", "--target", too_long, "hi"], f"{too_long}: no such file")]
+    for args, words in cases:
+        proc = run_cli(*args, stdin="")
+        assert proc.returncode == 1, (args[0], proc.stderr)
+        line = _one_line(proc.stderr)
+        assert words in line and "Errno" not in line, (args[0], line)

@@ -56,10 +56,9 @@ def engine_spec(args: argparse.Namespace, pair: str | None, settings: Settings) 
     from ..options import model_settings
     from ..requests import recommended_mode  # deferred: the engine loads when a command runs
 
+    _check_model_flags(args, pair)
     ts, ds = model_settings(settings)
     if args.target:
-        if pair:
-            raise LocalspecError("give either a pair name or --target/--draft, not both")
         mode = _load_mode(args, recommended_mode(bool(args.draft)), settings)
         if args.draft_mode == "model" and not args.draft:
             raise LocalspecError("--draft-mode model needs --draft (or use --draft-mode lookup)")
@@ -82,6 +81,18 @@ def engine_spec(args: argparse.Namespace, pair: str | None, settings: Settings) 
     return EngineSpec(target=spec.target, draft=spec.draft, target_settings=ts,
                       draft_settings=ds, pair_name=spec.pair_name,
                       draft_mode=_load_mode(args, spec.draft_mode, settings))
+
+
+def _check_model_flags(args: argparse.Namespace, pair: str | None) -> None:
+    """Models named twice are refused: a --draft without --target would otherwise be dropped
+    silently (the pair's draft, or prompt lookup, running instead of the one asked for)."""
+    if args.target and pair:
+        raise LocalspecError("give either a pair name or --target/--draft, not both")
+    if args.draft and not args.target:
+        if pair:
+            raise LocalspecError("give either a pair name (or one model) or --target/--draft, "
+                                 "not both: --draft needs --target")
+        raise LocalspecError("--draft needs --target")
 
 
 def _load_mode(args: argparse.Namespace, recommended: str, settings: Settings) -> str:

@@ -30,25 +30,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def models_to_pull(name: str) -> list[str]:
-    """A pair's Ollama models (paths are skipped: nothing to pull), or the name itself."""
+    """A pair's Ollama models, or the name itself; local files are left out (nothing to pull).
+
+    A name written as a path must be a file: a missing one is "no such file", not an attempt
+    to pull it from a registry."""
     from ..models.catalogue import load_pairs
-    from ..models.names import is_path_ref
+    from ..models.names import is_path_ref, looks_like_path, resolve_model
 
     pair = load_pairs().get(name)
-    if pair is None:
-        return [name]
-    return [ref for ref in (pair.target, pair.draft) if not is_path_ref(ref)]
+    if pair is not None:
+        return [ref for ref in (pair.target, pair.draft) if not is_path_ref(ref)]
+    if looks_like_path(name):
+        resolve_model(name)
+        return []
+    return [name]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..models.pull import pull
 
-    for name in models_to_pull(args.name):
+    names = models_to_pull(args.name)
+    if not names:
+        # Said, not silent: an exit 0 with no output reads as "pulled" (or as a hang).
+        print(_nothing_to_pull(args.name), file=sys.stderr)
+        return 0
+    for name in names:
         with _ProgressBars() as bars:
             model = pull(name, registry=args.registry, insecure=args.insecure,
                          progress=bars.update, verify=args.verify)
         print(f"{model.name}\t{model.gguf_path}")
     return 0
+
+
+def _nothing_to_pull(name: str) -> str:
+    from ..models.catalogue import load_pairs
+
+    what = "both models are local files" if name in load_pairs() else "a local file"
+    return f"{name}: {what}; nothing to pull"
 
 
 class _ProgressBars:

@@ -9,10 +9,24 @@ from . import ollama_store
 
 
 def is_path_ref(ref: str) -> bool:
-    """True when ``ref`` names a file rather than an Ollama model: it ends in ``.gguf``, starts
-    like a path (``/``, ``./``, ``../``, ``~``) or exists on disk."""
-    return (ref.lower().endswith(".gguf") or ref.startswith(("/", "./", "../", "~"))
-            or Path(ref).expanduser().exists())
+    """True when ``ref`` names a file rather than an Ollama model: it looks like a path (see
+    ``looks_like_path``) or exists on disk."""
+    return looks_like_path(ref) or _exists(Path(ref).expanduser())
+
+
+def looks_like_path(ref: str) -> bool:
+    """True when ``ref`` is written as a file, whatever is on disk: it ends in ``.gguf`` or
+    starts like a path (``/``, ``./``, ``../``, ``~``)."""
+    return ref.lower().endswith(".gguf") or ref.startswith(("/", "./", "../", "~"))
+
+
+def _exists(path: Path) -> bool:
+    # A name no file can have (too long, a NUL byte in it) is not a file, not an error: a
+    # prompt typed where a pair name goes must get the usual "no such pair" line.
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def resolve_model(ref: str) -> Path:
@@ -24,7 +38,7 @@ def resolve_model(ref: str) -> Path:
     """
     if is_path_ref(ref):
         path = Path(ref).expanduser()
-        if not path.exists():
+        if not _exists(path):
             raise GGUFError(f"{path}: no such file")
         if not path.is_file():
             raise GGUFError(f"{path}: not a file")

@@ -144,8 +144,8 @@ def parse_name(name: str) -> ModelName:
           and _PART.match(parsed.model) and _PART.match(parsed.tag))
     if not ok:
         raise ModelNotFoundError(
-            f"{name!r} is not a model name (expected model[:tag], namespace/model[:tag] or "
-            "host/namespace/model[:tag]) nor an existing .gguf file"
+            f"{name!r} is not an Ollama model name (expected model[:tag], namespace/model[:tag] "
+            "or host/namespace/model[:tag]); a local model file is named by its .gguf path"
         )
     return parsed
 
