@@ -64,6 +64,13 @@ class ContextOverflowError(LocalspecError):
     title = "Prompt too long"
 
 
+class UnencodableTextError(LocalspecError):
+    """Text with a character that the model's SentencePiece vocabulary has no token for and no
+    byte-fallback token either: llama.cpp aborts the process on it, so it is refused first."""
+
+    title = "Text outside the vocabulary"
+
+
 class DraftSettingsError(LocalspecError):
     """A request's drafting settings that cannot apply to the models loaded (a drafter that
     needs the history this request turns off, or a draft model there is none of): the

@@ -240,3 +240,93 @@ def test_a_file_that_shrinks_while_its_metadata_is_read_is_one_line(
         assert "truncated: tensor" in message
     else:
         assert "truncated or replaced meanwhile" in message
+
+
+def _vocabulary_with(monkeypatch: pytest.MonkeyPatch, rename: dict[str, str]) -> None:
+    """Tiny models written with some byte tokens renamed (then of the normal type: llama.cpp
+    refuses a byte token that is not ``<0xXX>``), or, renamed to "", dropped."""
+    from gguf import TokenType
+
+    from localspec.models import tiny
+
+    original = tiny.vocabulary
+
+    def patched(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
+        tokens, scores, types = original(spec)
+        kept = [i for i, t in enumerate(tokens) if rename.get(t, t)]
+        return ([rename.get(tokens[i], tokens[i]) for i in kept], [scores[i] for i in kept],
+                [TokenType.NORMAL if tokens[i] in rename else types[i] for i in kept])
+
+    monkeypatch.setattr(tiny, "vocabulary", patched)
+
+
+def test_text_a_vocabulary_without_byte_fallback_cannot_take_is_one_line(
+        tmp_path: Path) -> None:
+    """A SentencePiece vocabulary with no byte tokens: llama.cpp itself aborts (it throws
+    std::out_of_range from a noexcept path) on the first text outside it. Such a model still
+    runs on text within its vocabulary; text outside it is one line, before llama.cpp."""
+    model = write_tiny_model(tmp_path / "no-bytes.gguf", TinyModelSpec(byte_tokens=False))
+    code = ("import sys, llama_cpp as l\n"
+            "l.llama_backend_init()\n"
+            "m = l.llama_model_load_from_file(sys.argv[1].encode(),"
+            " l.llama_model_default_params())\n"
+            "assert m, 'refused with an error'\n"
+            "text = 'Zürich'.encode()\n"
+            "out = (l.llama_token * 64)()\n"
+            "l.llama_tokenize(l.llama_model_get_vocab(m), text, len(text), out, 64, True, False)\n")
+    direct = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+    assert direct.returncode == -signal.SIGABRT, direct.stderr[-2000:]
+    base = ("run", "--target", str(model), "--draft-mode", "none", "--raw", "-n", "3")
+    refused = run_cli(*base, "Zürich")
+    assert refused.returncode == 1, refused.stderr
+    line = _one_error_line(refused.stderr)
+    assert "no-bytes.gguf cannot take the character" in line and "would abort" in line, line
+    assert run_cli(*base, "the data").returncode == 0  # within its vocabulary
+    # Through the server: the asker's text, so a 400 naming the character.
+    import httpx
+
+    from localspec.engine import DraftSettings, ModelSettings, SpeculativeEngine
+    from localspec.server import ServerConfig
+    from localspec.server.app import create_app
+    from localspec.server.running import BackgroundServer
+
+    with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=128)) as engine, \
+            BackgroundServer(create_app(engine, ServerConfig(
+                model_id="m", draft=DraftSettings(mode="none")))) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Zürich", "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 400, r.text
+        assert "cannot take the character" in r.json()["error"]["message"]
+
+
+def test_which_characters_a_vocabulary_with_gaps_can_take(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's lookup, byte by byte: ``<0xXX>``, else the byte as a one-character token
+    (ASCII). A character that is a token of its own never falls back."""
+    from localspec.engine import ModelSettings
+    from localspec.engine.llama_backend import LlamaRunner
+    from localspec.errors import UnencodableTextError
+
+    with monkeypatch.context() as patch:
+        _vocabulary_with(patch, {"<0xBC>": ""})  # the second byte of "ü" (C3 BC)
+        no_bc = write_tiny_model(tmp_path / "no-0xBC.gguf")
+    letters = set("abcdefghijklmnopqrstuvwxyz")
+    _vocabulary_with(monkeypatch, {f"<0x{b:02X}>": chr(b) for b in range(0x80)
+                                   if chr(b) not in letters})
+    ascii_as_itself = write_tiny_model(tmp_path / "ascii-as-itself.gguf")
+    whole = write_tiny_model(tmp_path / "whole.gguf")
+    settings = ModelSettings(n_ctx=64, n_threads=1)
+    runner = LlamaRunner(no_bc, settings)
+    try:
+        assert runner.tokenize("café Zürich"[:4], add_bos=False)  # é is C3 A9: both there
+        with pytest.raises(UnencodableTextError, match=r"'ü' \(U\+00FC\)"):
+            runner.tokenize("Zürich", add_bos=False)
+    finally:
+        runner.close()
+    for path in (ascii_as_itself, whole):
+        runner = LlamaRunner(path, settings)
+        try:
+            assert runner.tokenize("Zürich, 42 ü!", add_bos=False)
+        finally:
+            runner.close()

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ModelLoadError
+from ..errors import ContextOverflowError, ModelLoadError, UnencodableTextError
 from . import activity
 from .drafters.proposal import check_tree
 from .prompt_cache import MIN_GAIN, PromptCache
@@ -50,6 +50,52 @@ _load_errors: list[str] = []
 RepackMode = Literal["auto", "on", "off"]
 # common_prefix compares all but this many trailing tokens in one go (see there).
 _TAIL = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _FallbackGaps:
+    """A SentencePiece vocabulary without every byte-fallback token. llama.cpp's tokenizer
+    turns text it has no token for into byte tokens (``<0xXX>``, else the byte itself as a
+    token: llama_vocab::byte_to_token); where neither exists it throws from a noexcept path and
+    the process aborts. Such files exist (models trained without byte fallback, test models)
+    and run on any text within their vocabulary, so the text is checked, not the file: a
+    character that is a token of its own is safe, and so is one whose every byte has a token."""
+
+    missing: frozenset[int]  # bytes with no fallback token
+    chars: frozenset[str]  # characters that are tokens of their own
+
+    @classmethod
+    def of(cls, lib: Any, vocab: Any, n_vocab: int) -> _FallbackGaps | None:
+        """None for every vocabulary but a SentencePiece one with gaps (real models have all
+        256 byte tokens, at the start of the vocabulary: looked at first)."""
+        if int(lib.llama_vocab_type(vocab)) != lib.LLAMA_VOCAB_TYPE_SPM:
+            return None
+        found: set[int] = set()
+        chars: set[str] = set()
+        for ids in (range(min(n_vocab, 512)), range(512, n_vocab)):
+            for token in ids:
+                text = bytes(lib.llama_vocab_get_text(vocab, token) or b"")
+                if len(text) == 6 and text.startswith(b"<0x") and text.endswith(b">"):
+                    with contextlib.suppress(ValueError):
+                        byte = int(text[3:5], 16)
+                        if text == f"<0x{byte:02X}>".encode():
+                            found.add(byte)
+                elif len(text) <= 4 and len(piece := text.decode("utf-8", "replace")) == 1:
+                    chars.add(piece)
+            if len(found) == 256:
+                return None
+        missing = frozenset(b for b in range(256)
+                            if b not in found and not (b < 0x80 and chr(b) in chars))
+        return cls(missing, frozenset(chars)) if missing else None
+
+    def check(self, text: str, path: Path) -> None:
+        for ch in set(text):
+            piece = "\u2581" if ch == " " else ch  # SentencePiece's space
+            if piece not in self.chars and any(b in self.missing for b in piece.encode()):
+                raise UnencodableTextError(
+                    f"{path.name} cannot take the character {ch!r} (U+{ord(ch):04X}): its "
+                    "vocabulary has no token for it and no byte-fallback tokens, and llama.cpp "
+                    "would abort on it")
 
 
 def _load_reason(errors: list[str]) -> str:
@@ -228,6 +274,7 @@ class LlamaRunner:
         self.n_batch = int(lib.llama_n_batch(self._ctx))
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._fallback_gaps = _FallbackGaps.of(lib, self._vocab, self.n_vocab)
         self._mem = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1 + branches)
         self.tokens: list[int] = []
@@ -290,6 +337,8 @@ class LlamaRunner:
 
     # -- vocabulary ---------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        if self._fallback_gaps is not None:
+            self._fallback_gaps.check(text, self.path)
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self._lib.llama_token * n_max)()

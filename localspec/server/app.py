@@ -25,7 +25,12 @@ from starlette.routing import Route
 
 from ..engine.decoder import Finished
 from ..engine.text import TextChunk
-from ..errors import ContextOverflowError, DraftSettingsError, LocalspecError
+from ..errors import (
+    ContextOverflowError,
+    DraftSettingsError,
+    LocalspecError,
+    UnencodableTextError,
+)
 from ..requests import ChatOptions, build_request
 from .access import authorize, http_error, read_body
 from .config import ServerConfig
@@ -200,6 +205,8 @@ def _failure(error: BaseException) -> ApiError:
         return ApiError(400, error.message, code="context_length_exceeded")
     if isinstance(error, ValueError):
         return ApiError(400, str(error))
+    if isinstance(error, UnencodableTextError):
+        return ApiError(400, error.message, code="invalid_value")
     if isinstance(error, DraftSettingsError):
         return ApiError(400, error.message, param="draft_mode")
     if isinstance(error, LocalspecError):
@@ -308,7 +315,10 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     if engine is None or state.worker.state != "ready":
         raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
     options = request_options(parsed, state.config)
-    built = await _on_engine(state, lambda: _build(engine, parsed, options))
+    try:
+        built = await _on_engine(state, lambda: _build(engine, parsed, options))
+    except (LocalspecError, ValueError) as exc:  # text the model cannot take is the asker's
+        raise _failure(exc) from None
     gen = fit_context(built, parsed, engine.target.n_ctx, state.config)
     try:  # here, not on the engine thread: a stream's status line is still to be sent
         gen.draft.validate(engine.draft is not None)
