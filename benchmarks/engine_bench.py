@@ -40,7 +40,8 @@ def _bench(target: Path, draft: Path, args: argparse.Namespace, *extra: str) -> 
 
 def _peak_rss_mb(cmd: list[str]) -> float:
     """Peak resident memory of a child process (ru_maxrss, KiB on Linux)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"memory probe failed: {' '.join(cmd)}")
@@ -68,7 +69,8 @@ def _repack_works(target: Path) -> bool:
     """Whether llama.cpp's repacked kernels run this target here (a real run, in a child)."""
     cmd = [*CLI, "run", "--target", str(target), "--draft-mode", "none", "--repack", "on",
            "--raw", "-n", "4", "def"]
-    return subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    return subprocess.run(cmd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL).returncode == 0
 
 
 def main() -> int:

@@ -53,7 +53,8 @@ for tok in target.generate(prompt, top_k=1, temp=0.0):
 def _first_byte(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(seconds to the first byte on stdout, seconds to exit)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
     proc.stdout.read(1)
     first = time.perf_counter() - t0
@@ -66,7 +67,8 @@ def _first_byte(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def _wall(cmd: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, env=env)
     return time.perf_counter() - t0
 
 

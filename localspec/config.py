@@ -161,7 +161,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
              for k, v in dataclasses.asdict(settings).items()
              if v is not None or PARAMS[k].kind == "k"}
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # bytes: its line endings kept as written
     except FileNotFoundError:
         text = ""
     except (OSError, UnicodeDecodeError) as exc:
@@ -180,5 +180,6 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
             del chat[key]  # unset now, or written under an older name
     for key, value in table.items():
         chat[key] = value
-    atomic_write(path, tomlkit.dumps(doc))
+    newline = "\r\n" if "\r\n" in text else "\n"  # keys tomlkit adds come with "\n"
+    atomic_write(path, tomlkit.dumps(doc).replace("\r\n", "\n").replace("\n", newline))
     return path

@@ -33,5 +33,5 @@ def open_chat_engine(spec: EngineSpec, log_file: Path | None = None) -> ChatEngi
         return ServedChatEngine(resolved, served.url, served.pid, api_key=served.api_key,
                                 model=served.model_id, log_file=log_file,
                                 server_history=served.history)
-    return ProcessChatEngine(resolved, ServerConfig(model_id=spec.display_name),
+    return ProcessChatEngine(resolved, ServerConfig.private(spec.display_name),
                              log_file=log_file)

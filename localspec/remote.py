@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -179,12 +180,16 @@ class RemoteEngine:
         if options.stop:
             body["stop"] = list(options.stop)
         if self._localspec:
-            # As the engine in process does: a long conversation gets the answer its context
-            # still holds, not a refusal that takes the user's message back.
-            body["fit_max_tokens"] = True
-            if options.draft is not None:
-                body.update(draft_fields(options.draft))
-            if not self._history:
+            if self._meta.get("fit_max_tokens"):  # a server that predates it refuses it
+                # As the engine in process does: a long conversation gets the answer its
+                # context still holds, not a refusal that takes the user's message back.
+                body["fit_max_tokens"] = True
+            draft = options.draft
+            if draft is not None and not self._history:
+                draft = without_history(draft)
+            if draft is not None:
+                body.update(draft_fields(draft))
+            elif not self._history:
                 body["history"] = "off"
         return body
 
@@ -220,6 +225,18 @@ def sampling_fields(sp: SamplingParams) -> dict[str, Any]:
     if sp.seed is not None:
         out["seed"] = sp.seed
     return out
+
+
+def without_history(draft: DraftSettings) -> DraftSettings:
+    """``draft`` with the history off; a mode that drafts from the history alone becomes the
+    default one (the draft model, prompt lookup and the history, here without the history),
+    where the server would refuse it."""
+    from .engine import drafters
+
+    mode = draft.mode
+    if mode in drafters.names() and drafters.get(mode).needs_history:
+        mode = DraftSettings().mode
+    return replace(draft, history=False, mode=mode)
 
 
 def draft_fields(draft: DraftSettings) -> dict[str, Any]:

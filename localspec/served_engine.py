@@ -97,7 +97,7 @@ class ServedChatEngine:
         from .server.config import ServerConfig
         from .server.engine_process import ProcessChatEngine
 
-        own = ProcessChatEngine(self.spec, ServerConfig(model_id=self.spec.display_name),
+        own = ProcessChatEngine(self.spec, ServerConfig.private(self.spec.display_name),
                                 log_file=self._log_file)
         _ = own.info  # asked here, on the restarting thread, not by a front end's event loop
         old, self._engine, self._own = self._engine, own, True

@@ -283,10 +283,23 @@ def test_text_a_vocabulary_without_byte_fallback_cannot_take_is_one_line(
     line = _one_error_line(refused.stderr)
     assert "no-bytes.gguf cannot take the character" in line and "would abort" in line, line
     assert run_cli(*base, "the data").returncode == 0  # within its vocabulary
+    # A chat template's control tokens are taken out of the text before the tokenizer sees
+    # it: their characters need no token of their own.
+    from localspec.engine import ModelSettings
+    from localspec.engine.llama_backend import LlamaRunner
+    from localspec.errors import UnencodableTextError
+
+    runner = LlamaRunner(model, ModelSettings(n_ctx=64, n_threads=1))
+    try:
+        assert runner.tokenize("</s>the data<s>", add_bos=False, special=True)[0] == 2
+        with pytest.raises(UnencodableTextError, match="'<'"):
+            runner.tokenize("</s>the data", add_bos=False, special=False)
+    finally:
+        runner.close()
     # Through the server: the asker's text, so a 400 naming the character.
     import httpx
 
-    from localspec.engine import DraftSettings, ModelSettings, SpeculativeEngine
+    from localspec.engine import DraftSettings, SpeculativeEngine
     from localspec.server import ServerConfig
     from localspec.server.app import create_app
     from localspec.server.running import BackgroundServer

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,16 @@ def test_text_piped_beside_the_words_goes_before_them(target_gguf: Path) -> None
         words = len(engine.tokenize("summarise this", chat=False))
     assert json.loads(both.stdout)["stats"]["prompt_tokens"] == want
     assert json.loads(alone.stdout)["stats"]["prompt_tokens"] == words
+    # Text that comes slowly (a command still working) is waited for, and the wait is said.
+    proc = subprocess.Popen([sys.executable, "-m", "localspec", *base, "summarise this"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    said = proc.stderr.readline()  # nothing else comes on stderr before the text does
+    assert said.startswith("localspec: waiting for the text on stdin"), said
+    out, err = proc.communicate("the notes\n", timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["stats"]["prompt_tokens"] == want
 
 
 def test_bench_json_has_speedup_and_identity(target_gguf: Path, draft_gguf: Path,

@@ -46,6 +46,16 @@ def test_saving_keeps_the_users_other_tables_and_comments(tmp_path: Path) -> Non
     assert saved.seed is None and "seed" not in text and "gpu_layers_draft" not in text
 
 
+def test_saving_keeps_the_files_line_endings(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"# mine\r\n[chat]\r\ntemperature = 0.2\r\n\r\n[history]\r\n"
+                     b"max_bytes = 4194304\r\n")
+    save_settings(Settings(temperature=0.5, k=3), path)
+    data = path.read_bytes()
+    assert data.count(b"\n") == data.count(b"\r\n") > 5  # the keys added too
+    assert data.startswith(b"# mine\r\n") and load_settings(path).k == 3
+
+
 def test_saving_over_a_file_with_an_error_leaves_it_alone(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text("[chat]\ntemperature = \n[history]\nmax_bytes = 1\n")

@@ -370,15 +370,16 @@ def test_the_request_field_turns_it_off_for_one_request(
         assert error["param"] == "draft_mode" and "turns off" in error["message"]
 
 
-@pytest.mark.parametrize(("server_history", "recorded"), [("serve", 0), (None, 0),
-                                                           ("chat", 1)])
+@pytest.mark.parametrize(("server_history", "shared"), [("serve", False), (None, False),
+                                                         ("chat", True)])
 def test_a_chat_app_attached_to_serve_keeps_out_of_its_own_index(
         served: tuple[BackgroundServer, HistoryStore], target_gguf: Path,
-        server_history: str | None, recorded: int) -> None:
+        server_history: str | None, shared: bool) -> None:
     """The chat app attaches to a `serve` of its pair rather than load a second copy. Its
     conversations go into that server's index only where config.toml joined the two (the
     server keeps the chat's index); a server with its own (or an older one, which does not
-    say) gets them with the history turned off."""
+    say) gets them with the history turned off, and a chat set to draft from the history
+    alone is answered with the other drafters rather than refused."""
     from localspec.chat_engine import ChatOptions
     from localspec.served_engine import ServedChatEngine
 
@@ -388,11 +389,15 @@ def test_a_chat_app_attached_to_serve_keeps_out_of_its_own_index(
                               server_history=server_history)
     try:
         messages = [{"role": "user", "content": PROMPTS[3]}]
-        done = list(engine.stream_chat(messages, ChatOptions(max_tokens=16)))[-1]
+        for mode in ("model", "history"):
+            options = ChatOptions(max_tokens=16, draft=DraftSettings(mode=mode))
+            done = list(engine.stream_chat(messages, options))[-1]
+            assert done.stats.completion_tokens > 0
+            if not shared:  # neither drafted from nor added to
+                assert "history" not in done.stats.drafters
     finally:
         engine.close()
-    assert done.stats.completion_tokens > 0
-    assert store.index.n_documents == recorded
+    assert (store.index.n_documents > 0) == shared
 
 
 def test_the_flag_and_config_turn_it_off_and_history_clear_empties_it(

@@ -142,6 +142,7 @@ def _run_unguarded_signal_ok(*args: str):  # type: ignore[no-untyped-def]
     import subprocess
 
     proc = subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ})
+                          text=True, timeout=120, env={**os.environ},
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode >= 0, f"the CLI itself died by signal {-proc.returncode}"
     return proc

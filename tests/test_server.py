@@ -343,10 +343,31 @@ def test_localspecs_own_clients_get_what_the_context_holds(target_gguf: Path) ->
                                                  extra_body={"fit_max_tokens": True})
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage is not None and answer.usage.total_tokens == 256
+        # Past the server's --max-tokens-limit too: what the limit gives, not a 400.
+        capped = _client(srv).completions.create(model="small", prompt="the", max_tokens=10**6,
+                                                 extra_body={"fit_max_tokens": True})
+        assert capped.choices[0].finish_reason in ("length", "stop")
         with RemoteEngine(srv.url) as remote:
             done = list(remote.stream_completion(prompt, ChatOptions(max_tokens=200)))[-1]
     assert isinstance(done, Finished) and done.finish_reason == "length"
     assert done.stats.prompt_tokens + done.stats.completion_tokens == 256
+
+
+def test_a_server_that_predates_fit_max_tokens_is_not_sent_it(
+        server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A localspec server from before the field refuses it as an unknown parameter; it does
+    not list it in its model's meta, and the client then leaves it out (the server faked
+    older by taking the field out of what it accepts and of its meta)."""
+    from localspec.server import app as server_app
+    from localspec.server import openai_schema
+
+    monkeypatch.setattr(openai_schema, "_COMMON", openai_schema._COMMON - {"fit_max_tokens"})
+    meta = server_app.ServerState.model_meta
+    monkeypatch.setattr(server_app.ServerState, "model_meta", lambda self: {
+        k: v for k, v in meta(self).items() if k != "fit_max_tokens"})
+    with RemoteEngine(server.url) as remote:
+        done = list(remote.stream_chat(HELLO, ChatOptions(max_tokens=4)))[-1]
+    assert isinstance(done, Finished) and done.stats.completion_tokens == 4
 
 
 def test_raw_http_errors(server: BackgroundServer) -> None:

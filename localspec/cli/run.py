@@ -70,26 +70,29 @@ def _words_text(words: list[str]) -> str | None:
 def _prompt_text(words: str | None) -> str | None:
     """The prompt: the words, after any text piped in beside them (`cat notes.md | localspec
     run PAIR "summarise this"`), as in other LLM command lines; without words, stdin alone."""
+    piped = _piped_text()
     if words is None:
-        return stdin_text()
-    piped = _ready_stdin_text()
+        return piped
     if piped is None or not piped.strip():
         return words
     return f"{piped.rstrip()}\n\n{words}"
 
 
-def _ready_stdin_text() -> str | None:
-    """What a pipe or file on stdin holds, if it has something (or its end) to read within a
-    moment. A stdin left open with nothing to say (a service, an editor's task runner) is not
-    waited on: with words given, the prompt does not need it."""
+def _piped_text() -> str | None:
+    """What a pipe or file on stdin holds, read to its end: never dropped, however slowly it
+    comes. A stdin left open with nothing on it (a script's, an editor's task runner's) would
+    be waited on silently, so after a second the wait is said, with the way out."""
     stdin = sys.stdin
     if stdin is None or stdin.isatty():
         return None
     try:
-        ready, _, _ = select.select([stdin], [], [], 0.2)
+        ready, _, _ = select.select([stdin], [], [], 1.0)
     except (OSError, ValueError):  # not selectable (closed, or not a file descriptor)
         return None
-    return stdin_text() if ready else None
+    if not ready:
+        print("localspec: waiting for the text on stdin (Ctrl-D ends it; give </dev/null "
+              "where there is none)", file=sys.stderr, flush=True)
+    return stdin_text()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -63,6 +63,9 @@ class _FallbackGaps:
 
     missing: frozenset[int]  # bytes with no fallback token
     chars: frozenset[str]  # characters that are tokens of their own
+    # Control and user-defined tokens' texts: with special tokens parsed, llama.cpp takes
+    # them out of the text before the SentencePiece tokenizer sees it. Longest first.
+    specials: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, lib: Any, vocab: Any, n_vocab: int) -> _FallbackGaps | None:
@@ -86,10 +89,20 @@ class _FallbackGaps:
                 return None
         missing = frozenset(b for b in range(256)
                             if b not in found and not (b < 0x80 and chr(b) in chars))
-        return cls(missing, frozenset(chars)) if missing else None
+        if not missing:
+            return None
+        special = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED
+        specials = {bytes(lib.llama_vocab_get_text(vocab, token) or b"").decode("utf-8", "replace")
+                    for token in range(n_vocab)
+                    if int(lib.llama_vocab_get_attr(vocab, token)) & special}
+        return cls(missing, frozenset(chars),
+                   tuple(sorted(filter(None, specials), key=len, reverse=True)))
 
-    def check(self, text: str, path: Path) -> None:
-        for ch in set(text):
+    def check(self, text: str, path: Path, special: bool) -> None:
+        if special:
+            for piece in self.specials:
+                text = text.replace(piece, "")
+        for ch in dict.fromkeys(text):  # the first one it cannot take, in the text's order
             piece = "\u2581" if ch == " " else ch  # SentencePiece's space
             if piece not in self.chars and any(b in self.missing for b in piece.encode()):
                 raise UnencodableTextError(
@@ -338,7 +351,7 @@ class LlamaRunner:
     # -- vocabulary ---------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         if self._fallback_gaps is not None:
-            self._fallback_gaps.check(text, self.path)
+            self._fallback_gaps.check(text, self.path, special)
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self._lib.llama_token * n_max)()

@@ -260,7 +260,8 @@ def _edited(text: str, pairs: dict[str, Pair], name: str, pair: Pair | None) -> 
         end -= 1
     entry = "".join(lines[start:end])
     if pair is not None:
-        return "".join(lines[:start]) + _updated(entry, pair) + "".join(lines[end:])
+        updated = _updated(entry, pair).replace("\r\n", "\n").replace("\n", newline)
+        return "".join(lines[:start]) + updated + "".join(lines[end:])
     while end < len(lines) and not lines[end].strip():
         end += 1  # the blank lines that set the removed table apart
     return "".join(lines[:start] + lines[end:])

@@ -88,7 +88,10 @@ class ServerState:
         return {"target": str(engine.target.path),
                 "draft": str(engine.draft.path) if engine.draft is not None else None,
                 "n_ctx": engine.target.n_ctx, "n_vocab": engine.target.n_vocab,
-                "draft_mode": self.config.draft.mode, "placement": engine.placement}
+                "draft_mode": self.config.draft.mode, "placement": engine.placement,
+                # Request fields newer than the first servers, which refuse them: a client
+                # sends one only where its server says it takes it.
+                "fit_max_tokens": True}
 
     def retry_after(self) -> str:
         waiting = self.worker.queued + 1

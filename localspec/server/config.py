@@ -35,6 +35,14 @@ class ServerConfig:
     default_sampling: SamplingParams = field(default=OPENAI_DEFAULT_SAMPLING)
     owned_by: str = "localspec"
 
+    @classmethod
+    def private(cls, model_id: str) -> ServerConfig:
+        """The chat app's own engine process: its one client is the app, whose max_tokens
+        setting (checked where it is set) is the only limit a request needs."""
+        from ..params import PARAMS
+
+        return cls(model_id=model_id, max_tokens_limit=int(PARAMS["max_tokens"].high or 1))
+
     def validate(self) -> None:
         """Raise ValueError naming the first unusable setting."""
         if self.queue_size < 0:

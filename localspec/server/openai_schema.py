@@ -313,6 +313,8 @@ def _max_tokens(body: dict[str, Any], config: ServerConfig) -> int | None:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     value = _integer(body, key, lo=1)
+    if value is not None and value > config.max_tokens_limit and body.get("fit_max_tokens"):
+        return config.max_tokens_limit  # "as many as you give", like the context's cut
     if value is not None and value > config.max_tokens_limit:
         raise bad_param(key, f"'{key}' is {value} but this server allows at most "
                              f"{config.max_tokens_limit} (--max-tokens-limit)")

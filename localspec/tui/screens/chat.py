@@ -290,8 +290,10 @@ class ChatScreen(Screen[None]):
         self._k = draft.k
         options = ChatOptions(max_tokens=settings.max_tokens, sampling=sampling_params(settings),
                               draft=draft)
-        self.idle.clear()
+        # In this order: an abandoned answer's worker that ends in between must not find
+        # itself the last one started and set ``idle`` under the new one.
         self._started = self.generation
+        self.idle.clear()
         self._set_reading(RateReading(generating=True,
                                       plain_tokens_per_second=self._last_reading
                                       .plain_tokens_per_second))
