@@ -45,6 +45,20 @@ def test_parse_name_rejects(bad: str) -> None:
         parse_name(bad)
 
 
+@pytest.mark.parametrize("host", ["a" * 300, "a..b", "a.", "a" * 64 + ".com", "h:0",
+                                  "h:65536"])
+def test_parse_name_rejects_impossible_hosts(host: str) -> None:
+    # Refused by name, before any request: otherwise httpx fails later, cryptically (idna).
+    with pytest.raises(ModelNotFoundError, match="is not an Ollama model name"):
+        parse_name(f"{host}/ns/m")
+
+
+def test_parse_name_accepts_dns_sized_hosts() -> None:
+    longest = ".".join(["a" * 63] * 3 + ["a" * 61])  # 253 characters
+    for host in [longest, "a" * 63 + ".com", "h:65535", "my_registry-1:1"]:
+        assert parse_name(f"{host}/ns/m").host == host
+
+
 def test_short_names() -> None:
     assert parse_name("llama3.1").short == "llama3.1:latest"
     assert parse_name("user/m:t").short == "user/m:t"
@@ -163,6 +177,29 @@ def test_malformed_manifest(store: Path) -> None:
         ollama_store.resolve("broken")
 
 
+def test_unreadable_manifest_and_non_gguf_blob_are_listed_damaged(store: Path, target_gguf: Path,
+                                                                   draft_gguf: Path) -> None:
+    install_gguf(store, "whole", draft_gguf)
+    install_gguf(store, "empty", target_gguf)
+    (store / "manifests/registry.ollama.ai/library/empty/latest").write_bytes(b"")
+    model = install_gguf(store, "header", target_gguf, params={"note": "header"})
+    blob = store / "blobs" / model.model_layer.digest.replace(":", "-")
+    with blob.open("r+b") as fh:
+        fh.write(b"XXXX")  # same size: only the magic (or the sha256) tells
+
+    entries = {e.name: e for e in ollama_store.list_store()}
+    assert not entries["whole:latest"].damaged
+    assert entries["empty:latest"].damaged
+    assert entries["empty:latest"].problem == "unreadable Ollama manifest (empty file)"
+    assert entries["header:latest"].damaged
+    assert entries["header:latest"].problem == (
+        f"model blob {blob.name[:19]}… is not a GGUF file (damaged, or a format localspec "
+        "cannot run)")
+    for name in ("empty", "header"):
+        with pytest.raises(DamagedModelError, match=f"run `localspec pull {name}:latest`"):
+            ollama_store.resolve(name)
+
+
 def test_list_local_skips_unrunnable(store: Path, target_gguf: Path, draft_gguf: Path) -> None:
     install_gguf(store, "tiny:big", target_gguf)
     install_gguf(store, "tiny:small", draft_gguf)
@@ -184,6 +221,33 @@ def test_delete_keeps_shared_blobs(store: Path, target_gguf: Path, draft_gguf: P
     assert (store / "blobs" / shared.model_layer.digest.replace(":", "-")).exists()
     with pytest.raises(ModelNotFoundError):
         ollama_store.delete("c")
+
+
+def test_delete_keeps_blobs_of_a_tag_ending_in_partial(store: Path, target_gguf: Path) -> None:
+    # A legal Ollama tag, not one of localspec's temporary manifests (".<tag>.<pid>-<tid>.partial").
+    shared = install_gguf(store, "a:rc.partial", target_gguf)
+    install_gguf(store, "b", target_gguf)
+    (store / "manifests/registry.ollama.ai/library/a/.rc.1-2.partial").write_bytes(b"{")
+    assert [e.name for e in ollama_store.list_store()] == ["a:rc.partial", "b:latest"]
+    ollama_store.delete("b")
+    for layer in shared.blobs:
+        assert (store / "blobs" / layer.digest.replace(":", "-")).is_file()
+    assert ollama_store.resolve("a:rc.partial").gguf_path.is_file()
+
+
+def test_delete_keeps_every_blob_when_a_manifest_is_unreadable(
+        store: Path, target_gguf: Path, draft_gguf: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    own = install_gguf(store, "b", draft_gguf, params={"note": "b only"})
+    install_gguf(store, "c", target_gguf)
+    unreadable = store / "manifests/registry.ollama.ai/library/c/latest"
+    unreadable.write_text("{not json")  # it may name any blob, b's too
+    with caplog.at_level("WARNING", logger="localspec.models.ollama_store"):
+        ollama_store.delete("b")
+    assert not (store / "manifests/registry.ollama.ai/library/b").exists()
+    for layer in own.blobs:
+        assert (store / "blobs" / layer.digest.replace(":", "-")).is_file()
+    assert str(unreadable) in caplog.text and "kept the deleted model's blobs" in caplog.text
 
 
 def test_manifest_is_real_ollama_format(store: Path, target_gguf: Path) -> None:

@@ -40,6 +40,7 @@ class FakeOllamaDaemon:
         self.write = write
         self.requests: list[dict[str, Any]] = []
         self.blobs_at_request: list[set[str]] = []  # what the store held when asked to pull
+        self.manifests_at_request: list[set[str]] = []
         self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -73,6 +74,8 @@ class FakeOllamaDaemon:
                 daemon.requests.append(body)
                 daemon.blobs_at_request.append(
                     {p.name for p in (daemon.store / "blobs").glob("*")})
+                daemon.manifests_at_request.append(
+                    {p.name for p in daemon.store.glob("manifests/*/*/*/*")})
                 model = daemon.models.get(body["model"])
                 if self.path != "/api/pull":
                     self.send_error(404)
@@ -126,6 +129,25 @@ def test_daemon_url_reads_ollama_host(monkeypatch: pytest.MonkeyPatch) -> None:
     assert daemon_url() == "http://127.0.0.1:11434"
     monkeypatch.setenv("OLLAMA_HOST", "https://gpu-box:8443/")
     assert daemon_url() == "https://gpu-box:8443"
+    monkeypatch.setenv("OLLAMA_HOST", "::1")
+    assert daemon_url() == "http://[::1]:11434"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:abc", "127.0.0.1:0", "127.0.0.1:65536", "a..b",
+                                  "bad host:1", "[::1", "ftp://gpu-box"])
+def test_bad_ollama_host_is_one_line(host: str, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from localspec.cli import main
+
+    monkeypatch.setenv("OLLAMA_HOST", host)
+
+    def no_pull(*args: object, **kwargs: object) -> Path:
+        raise AssertionError("pulled past a bad OLLAMA_HOST")
+
+    monkeypatch.setattr(pull_module, "pull_direct", no_pull)
+    assert main(["pull", "foo:bar"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"localspec: error: OLLAMA_HOST={host}: not a host[:port]"]
 
 
 def test_pull_through_daemon(daemon: FakeOllamaDaemon, store: Path) -> None:
@@ -168,6 +190,22 @@ def test_damaged_model_is_pulled_again_through_the_daemon(daemon: FakeOllamaDaem
     assert blob.name not in daemon.blobs_at_request[0]
     assert any(e.status.startswith("tiny:latest: damaged, blob ") for e in events)
     assert resolved.gguf_path == blob and blob.read_bytes() == model.model_layer.data
+
+
+def test_unreadable_manifest_is_pulled_again_through_the_daemon(daemon: FakeOllamaDaemon,
+                                                                 store: Path) -> None:
+    model = daemon.models["tiny:latest"]
+    manifest = write_model(store, "tiny", model)
+    manifest.write_bytes(b"")
+    events: list[PullProgress] = []
+    resolved = pull("tiny", progress=events.append)
+    assert [r["model"] for r in daemon.requests] == ["tiny:latest"]
+    # Ollama reads the old manifest before pulling and fails on one it cannot parse.
+    assert daemon.manifests_at_request == [set()]
+    assert any(e.status == "tiny:latest: damaged, unreadable Ollama manifest (empty file); "
+               "fetching it again" for e in events)
+    assert manifest.read_bytes() == model.manifest
+    assert resolved.gguf_path.read_bytes() == model.model_layer.data
 
 
 def test_no_daemon_means_direct(monkeypatch: pytest.MonkeyPatch) -> None:

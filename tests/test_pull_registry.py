@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from localspec.cli import main
-from localspec.errors import DamagedModelError, ModelNotFoundError, PullError
+from localspec.errors import DamagedModelError, GGUFError, ModelNotFoundError, PullError
 from localspec.models import ollama_store, registry_client
 from localspec.models.pull import PullProgress, pull
 from localspec.models.tiny import TinyModelSpec, write_tiny_model
@@ -30,6 +31,7 @@ from tests.ollama_helpers import (
     free_port,
     push_model,
     registry_or_skip,
+    write_model,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -369,3 +371,148 @@ def test_verify_finds_same_size_corruption(registry: RegistryServer, tiny: Ollam
     dead = f"http://127.0.0.1:{free_port()}"
     assert main(["pull", "tiny", "--registry", dead, "--insecure", "--verify"]) == 0
     assert "damaged" not in capsys.readouterr().err
+
+
+def _manifest(store: Path, name: str) -> Path:
+    return store / "manifests/registry.ollama.ai/library" / name.replace(":", "/")
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_unreadable_manifest_is_pulled_again(registry: RegistryServer, tiny: OllamaModel,
+                                             store: Path, capsys: pytest.CaptureFixture[str],
+                                             verify: bool) -> None:
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    _manifest(store, "tiny:latest").write_bytes(b"")
+    blob = _blob(store, tiny.model_layer.digest)
+    if verify:  # its blobs can only be hashed once the manifest is back
+        corrupt = bytearray(blob.read_bytes())
+        corrupt[len(corrupt) // 2] ^= 0xFF
+        blob.write_bytes(bytes(corrupt))
+    capsys.readouterr()
+
+    args = ["pull", "tiny", "--registry", registry.url, "--insecure"]
+    assert main(args + (["--verify"] if verify else [])) == 0
+    damaged = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert damaged[0] == ("tiny:latest: damaged, unreadable Ollama manifest (empty file); "
+                          "fetching it again")
+    if verify:
+        assert damaged[1].startswith(f"tiny:latest: damaged, blob {blob.name[:19]}… does not "
+                                     "match its digest")
+    assert len(damaged) == 1 + verify
+    _assert_whole(store, tiny, "tiny:latest")
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_damaged_gguf_header_is_repaired(registry: RegistryServer, tiny: OllamaModel,
+                                         store: Path, capsys: pytest.CaptureFixture[str],
+                                         verify: bool) -> None:
+    assert main(["pull", "tiny", "--registry", registry.url, "--insecure"]) == 0
+    blob = _blob(store, tiny.model_layer.digest)
+    with blob.open("r+b") as fh:
+        fh.write(b"XXXX")  # the size is right: sizes alone would call it whole
+    capsys.readouterr()
+
+    args = ["pull", "tiny", "--registry", registry.url, "--insecure"]
+    assert main(args + (["--verify"] if verify else [])) == 0
+    damaged = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert len(damaged) == 1
+    assert damaged[0].startswith(f"tiny:latest: damaged, blob {blob.name[:19]}… does not match "
+                                 "its digest")
+    _assert_whole(store, tiny, "tiny:latest")
+
+
+def test_model_that_is_not_gguf_is_refused_without_network(store: Path) -> None:
+    write_model(store, "zip", build_model(b"PK\x03\x04 a zip, not a gguf"))
+    dead = f"http://127.0.0.1:{free_port()}"
+    # Its bytes are what the manifest says: pulling again would fetch the same.
+    with pytest.raises(GGUFError, match="its sha256 matches the manifest"):
+        pull("zip", registry=dead, insecure=True)
+    assert _blob(store, build_model(b"PK\x03\x04 a zip, not a gguf").model_layer.digest).is_file()
+
+
+def test_verify_of_a_whole_model_needs_no_lock(store: Path, target_gguf: Path) -> None:
+    write_model(store, "tiny", build_model(target_gguf))
+    # Stands in for a store the user cannot write (root ignores permissions): no lock can be
+    # made, and hashing needs none.
+    (store / ".localspec-locks").write_bytes(b"")
+    dead = f"http://127.0.0.1:{free_port()}"
+    resolved = pull("tiny", registry=dead, insecure=True, verify=True)
+    assert resolved.gguf_path.read_bytes() == target_gguf.read_bytes()
+
+
+# -- registries that misbehave, faked in process ------------------------------------------------
+
+FAKE_REGISTRY = "https://registry.test"
+
+
+def _fake_registry(model: OllamaModel, blob: Callable[[bytes, str | None], tuple[int, bytes]],
+                   ranges: list[str]) -> httpx.MockTransport:
+    """A registry serving ``model``; ``blob(data, range)`` answers each blob request."""
+    blobs = {layer.digest: layer.data for layer in model.blobs}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if "/manifests/" in request.url.path:
+            return httpx.Response(200, content=model.manifest)
+        data = blobs[request.url.path.rsplit("/", 1)[1]]
+        if data != model.model_layer.data:
+            return httpx.Response(200, content=data)
+        ranges.append(request.headers.get("range", "all"))
+        status, body = blob(data, request.headers.get("range"))
+        # Streamed: no Content-Length, so a short body ends like a whole one.
+        return httpx.Response(status, content=iter([body]))
+
+    return httpx.MockTransport(handle)
+
+
+def _range_start(header: str | None) -> int:
+    return int(header.removeprefix("bytes=").split("-")[0]) if header else 0
+
+
+def test_short_download_is_kept_and_resumed(store: Path, target_gguf: Path) -> None:
+    model = build_model(target_gguf)
+    name = ollama_store.parse_name("tiny")
+    size = len(model.model_layer.data)
+    ranges: list[str] = []
+
+    def half_of_it(data: bytes, header: str | None) -> tuple[int, bytes]:
+        rest = data[_range_start(header):]
+        return (206 if header else 200), rest[: len(rest) // 2]
+
+    with pytest.raises(PullError) as info:
+        registry_client.pull_direct(name, store, base_url=FAKE_REGISTRY,
+                                    transport=_fake_registry(model, half_of_it, ranges))
+    half = size // 2
+    kept = half + (size - half) // 2  # retried once at once, from where the first stopped
+    assert ranges == ["all", f"bytes={half}-"]
+    assert str(info.value) == (f"download of {model.model_layer.digest[:19]} interrupted at "
+                               f"{kept:,} of {size:,} bytes; run the pull again to resume")
+    partial = _partial(store, model.model_layer.digest)
+    assert partial.read_bytes() == model.model_layer.data[:kept]
+    assert not _blob(store, model.model_layer.digest).exists()
+    assert not _manifest(store, "tiny:latest").exists()
+
+    def all_of_it(data: bytes, header: str | None) -> tuple[int, bytes]:
+        return (206 if header else 200), data[_range_start(header):]
+
+    ranges.clear()
+    registry_client.pull_direct(name, store, base_url=FAKE_REGISTRY,
+                                transport=_fake_registry(model, all_of_it, ranges))
+    assert ranges == [f"bytes={kept}-"]
+    _assert_whole(store, model, "tiny:latest")
+
+
+@pytest.mark.parametrize("body", [b"<html><body>Sign in to the Wi-Fi</body></html>", b"[]",
+                                  b"\xff\xfe"])
+def test_token_endpoint_without_a_json_object(store: Path, body: bytes) -> None:
+    realm = "https://auth.test/token"
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "auth.test":
+            return httpx.Response(200, content=body)
+        return httpx.Response(401, headers={
+            "WWW-Authenticate": f'Bearer realm="{realm}",service="registry.test"'})
+
+    with pytest.raises(PullError) as info:
+        registry_client.pull_direct(ollama_store.parse_name("tiny"), store,
+                                    base_url=FAKE_REGISTRY, transport=httpx.MockTransport(handle))
+    assert str(info.value) == f"{realm} returned no token (not a JSON object)"

@@ -6,8 +6,9 @@ localspec reads Ollama's store in place (no second copy of a 40 GB file). The la
 ``application/vnd.ollama.image.model`` is a plain GGUF file that llama.cpp loads as is.
 
 A model whose manifest names a blob that is missing or whose size differs from the manifest's is
-*damaged*: it is listed as such and never resolved for running. Only sizes are compared here (a
-stat per blob); re-hashing is ``localspec pull --verify``'s job, far too slow for a listing.
+*damaged*: it is listed as such and never resolved for running. So is one whose manifest cannot be
+read, or whose model blob lacks the GGUF magic. Only sizes and those four bytes are checked here
+(a stat per blob); re-hashing is ``localspec pull --verify``'s job, far too slow for a listing.
 """
 
 from __future__ import annotations
@@ -39,8 +40,19 @@ ADAPTER_MEDIA_TYPE = "application/vnd.ollama.image.adapter"
 
 # Ollama's own name rules (types/model/name.go): parts are letters, digits, '_', '-' and '.'.
 _PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,79}$")
-_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(:[0-9]{1,5})?$")
+# The host must also be one a URL can carry (DNS limits), or the first request fails cryptically.
+_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,62}")
+_PORT = re.compile(r"[0-9]{1,5}")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class UnreadableManifestError(DamagedModelError):
+    """A manifest that is not JSON or names no layers: only the registry has it again."""
+
+
+class NotGGUFBlobError(DamagedModelError):
+    """A model blob of the declared size without the GGUF magic: damaged bytes, or a model in a
+    format localspec cannot run; only its sha256 tells which."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +152,7 @@ def parse_name(name: str) -> ModelName:
         parsed = ModelName(host=parts[0], namespace=parts[1], model=parts[2], tag=tag)
     else:
         parsed = ModelName(model="")
-    ok = (_HOST.match(parsed.host) and _PART.match(parsed.namespace)
+    ok = (valid_host(parsed.host) and _PART.match(parsed.namespace)
           and _PART.match(parsed.model) and _PART.match(parsed.tag))
     if not ok:
         raise ModelNotFoundError(
@@ -148,6 +160,24 @@ def parse_name(name: str) -> ModelName:
             "or host/namespace/model[:tag]); a local model file is named by its .gguf path"
         )
     return parsed
+
+
+def valid_host(host: str) -> bool:
+    """True for ``hostname[:port]`` that a URL can carry (see valid_hostname, valid_port)."""
+    hostname, colon, port = host.partition(":")
+    return valid_hostname(hostname) and (not colon or valid_port(port))
+
+
+def valid_hostname(hostname: str) -> bool:
+    """True for a DNS-sized hostname (or IPv4 address): dot-separated labels of 1 to 63
+    letters, digits, '_' or '-' (not first), 253 characters in all."""
+    return (0 < len(hostname) <= 253
+            and all(_LABEL.fullmatch(label) for label in hostname.split(".")))
+
+
+def valid_port(port: str) -> bool:
+    """True for a TCP port number, 1 to 65535."""
+    return bool(_PORT.fullmatch(port)) and 1 <= int(port) <= 65535
 
 
 def blob_path(store: Path, digest: str) -> Path:
@@ -162,15 +192,26 @@ def manifest_path(store: Path, name: ModelName) -> Path:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """Parse a manifest file; a malformed one is a GGUFError naming the file."""
+    """Parse a manifest file; a malformed one is an UnreadableManifestError naming the file,
+    its ``problem`` the damage alone."""
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise GGUFError(f"{path}: unreadable Ollama manifest ({exc}); "
-                        "pull the model again") from exc
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise _unreadable(path, exc.strerror or str(exc)) from exc
+    if not raw.strip():
+        raise _unreadable(path, "empty file")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise _unreadable(path, "not JSON") from exc
     if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
-        raise GGUFError(f"{path}: not an Ollama manifest (no layers); pull the model again")
+        raise _unreadable(path, "no layers")
     return data
+
+
+def _unreadable(path: Path, reason: str) -> UnreadableManifestError:
+    problem = f"unreadable Ollama manifest ({reason})"
+    return UnreadableManifestError(f"{path}: {problem}; pull the model again", problem)
 
 
 def manifest_digests(manifest: dict[str, Any]) -> list[str]:
@@ -309,8 +350,10 @@ def _check_gguf_blob(path: Path, name: ModelName) -> int:
     except OSError as exc:
         raise GGUFError(f"{name}: cannot read {path} ({exc.strerror})") from exc
     if magic != b"GGUF":
-        raise GGUFError(f"{name}: the model blob {path} is not a GGUF file (damaged or an "
-                        f"unsupported format); remove it (`ollama rm {name}`) and pull it again")
+        problem = (f"model blob {blob_label(path)} is not a GGUF file (damaged, or a format "
+                   "localspec cannot run)")
+        raise NotGGUFBlobError(f"{name}: {problem}; run `localspec pull {name}` to repair it",
+                               problem)
     return size
 
 
@@ -322,7 +365,11 @@ def resolve_in(store: Path, name: ModelName) -> ResolvedModel:
     if not mpath.is_file():
         raise ModelNotFoundError(f"{name}: not in the Ollama store {store}; "
                                  f"run `localspec pull {name}`")
-    manifest = read_manifest(mpath)
+    try:
+        manifest = read_manifest(mpath)
+    except UnreadableManifestError as exc:
+        raise UnreadableManifestError(f"{name}: damaged, {exc.problem}; run `localspec pull "
+                                      f"{name}` to repair it", exc.problem) from exc
     layer = model_layer(manifest, name, store, f"manifest {mpath}")
     _check_blobs(store, manifest, name)
     gguf = blob_path(store, str(layer.get("digest")))
@@ -361,9 +408,12 @@ def resolve(name: str | ModelName) -> ResolvedModel:
 def _iter_manifests(store: Path) -> list[tuple[ModelName, Path]]:
     root = store / "manifests"
     found = []
-    # Exactly four levels: host/namespace/model/tag; anything else is not a manifest.
+    # Exactly four levels: host/namespace/model/tag; anything else is not a manifest. A file
+    # whose name is no tag is not one either: Ollama ignores it too, and localspec's own
+    # manifests being written (files.temporary_name: ".<tag>.<pid>-<thread>.partial") start
+    # with a dot, which no tag may. A tag may end in ".partial", though: it is a model.
     for path in sorted(root.glob("*/*/*/*")):
-        if not path.is_file() or path.name.startswith(".") or path.name.endswith(".partial"):
+        if not path.is_file() or not _PART.fullmatch(path.name):
             continue
         host, namespace, model, tag = path.relative_to(root).parts
         found.append((ModelName(host, namespace, model, tag), path))
@@ -373,8 +423,9 @@ def _iter_manifests(store: Path) -> list[tuple[ModelName, Path]]:
 def list_store() -> list[LocalEntry]:
     """Every model in the store(s) that resolves to a GGUF blob or is damaged, first store wins.
 
-    Models that cannot run whatever their blobs hold (cloud, projector-only, not GGUF) are left
-    out; a damaged one is listed with its problem, so it never passes for present.
+    Models that cannot run whatever their blobs hold (cloud, projector-only) are left out; a
+    damaged one (a blob missing or of the wrong size, an unreadable manifest, a model blob
+    without the GGUF magic) is listed with its problem, so it never passes for present.
     """
     seen: set[str] = set()
     entries = []
@@ -399,18 +450,23 @@ def list_local() -> list[ResolvedModel]:
     return [entry.model for entry in list_store() if entry.model is not None]
 
 
-def _referenced(store: Path) -> set[str]:
+def _referenced(store: Path) -> set[str] | None:
+    """Every blob the store's manifests reference; None when one of them cannot be read, since
+    its blobs are unknown and any blob may be one of them."""
     refs: set[str] = set()
     for _, path in _iter_manifests(store):
         try:
             refs.update(manifest_digests(read_manifest(path)))
-        except GGUFError:
-            continue
+        except UnreadableManifestError as exc:
+            log.warning("kept the deleted model's blobs: %s may use them and cannot be read "
+                        "(%s)", path, exc.problem)
+            return None
     return refs
 
 
 def delete(name: str | ModelName) -> None:
-    """Remove a model's manifest and the blobs that no other manifest references."""
+    """Remove a model's manifest and the blobs that no other manifest references; when another
+    manifest cannot be read, the blobs are all kept, since it may reference any of them."""
     parsed = name if isinstance(name, ModelName) else parse_name(name)
     for store in store_dirs():
         mpath = manifest_path(store, parsed)
@@ -423,6 +479,8 @@ def delete(name: str | ModelName) -> None:
         mpath.unlink()
         _prune_empty_dirs(mpath.parent, store / "manifests")
         still_used = _referenced(store)
+        if still_used is None:
+            return
         for digest in digests:
             if digest in still_used:
                 continue

@@ -137,12 +137,20 @@ class RegistryClient:
         realm = fields.pop("realm", None)
         if not realm:
             return False
-        reply = self._http.get(realm, params=fields)
+        try:
+            reply = self._http.get(realm, params=fields)
+        except httpx.InvalidURL as exc:
+            raise PullError(f"{self.base_url} names a token service that is not a URL "
+                            f"({realm})") from exc
         if reply.status_code != 200:
             return False
-        body = reply.json()
-        self._token = body.get("token") or body.get("access_token")
-        return bool(self._token)
+        body = _json_object(reply)
+        if body is None:
+            # A captive portal's login page, say: the registry was never reached.
+            raise PullError(f"{realm} returned no token (not a JSON object)")
+        token = body.get("token") or body.get("access_token")
+        self._token = token if isinstance(token, str) and token else None
+        return self._token is not None
 
     def _send(self, method: str, url: str, headers: dict[str, str]) -> httpx.Response:
         request = self._http.build_request(method, url, headers=self._headers(headers))
@@ -190,13 +198,21 @@ class RegistryClient:
         report = progress or (lambda _p: None)
         report(PullProgress(digest, offset, size, "downloading"))
         url = f"{self.base_url}/v2/{name.repository}/blobs/{digest}"
-        if offset < size:
+        # A response that ends early without an error (a server or proxy closing the connection
+        # cleanly, with no Content-Length to betray it) is resumed straight away, once.
+        for _attempt in range(2):
+            if offset >= size:
+                break
             try:
                 offset, hasher = self._stream_to(url, partial, offset, hasher, digest, size,
                                                  report, cancel)
             except httpx.HTTPError as exc:
                 raise PullError(f"download of {digest[:19]} interrupted ({exc}); run the pull "
                                 "again to resume") from exc
+        if offset < size:
+            # Short, not wrong: the bytes so far are kept for the next pull to resume.
+            raise PullError(f"download of {digest[:19]} interrupted at {offset:,} of {size:,} "
+                            "bytes; run the pull again to resume")
         report(PullProgress(digest, offset, size, "verifying"))
         actual = "sha256:" + hasher.hexdigest()
         if offset != size or actual != digest:
@@ -215,7 +231,12 @@ class RegistryClient:
         response = self._send("GET", url, headers)
         try:
             if response.status_code == 416:
-                return offset, hasher  # the partial holds everything; verification decides
+                # Nothing past ``offset`` (always short of the manifest's size here): the
+                # registry's blob is not the one declared, and resuming would fail forever.
+                partial.unlink(missing_ok=True)
+                raise PullError(f"{digest[:19]}: the registry has no bytes past {offset:,} of "
+                                f"{size:,} (HTTP 416); the partial download was discarded, try "
+                                "another registry")
             if response.status_code == 200 and offset:
                 # The server ignored the range: start over rather than append a second copy.
                 log.info("registry ignored the range request for %s; restarting it", digest)
@@ -246,6 +267,15 @@ class RegistryClient:
             return offset, hasher
         finally:
             response.close()
+
+
+def _json_object(reply: httpx.Response) -> dict[str, Any] | None:
+    """The reply's body when it is a JSON object, else None."""
+    try:
+        body = reply.json()
+    except ValueError:  # also a body that is not UTF-8
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _rehash_partial(partial: Path, hasher: Any, size: int) -> int:

@@ -37,25 +37,49 @@ def discard_damaged(name: ModelName, store: Path, manifest: dict[str, Any], *, v
     """Delete every damaged blob of ``manifest``; return one line per damaged blob found.
 
     Each line is also reported as a status, so the CLI prints it and the chat app shows it.
+    Blobs are judged without their lock (reading needs none, and a store the user cannot write
+    is still checked); the lock is taken only to delete one.
     """
     sizes = blob_sizes(manifest)
     found = []
     for digest in manifest_digests(manifest):
         size = sizes.get(digest)
         dest = blob_path(store, digest)
+        seen = _identity(dest)
+        problem = _problem(store, digest, size, verify, report, cancel)
+        if problem is None:
+            continue
         with blob_lock(store, digest, cancel=cancel,
                        waiting=waiting_reporter(report, digest, size or 0, dest)):
-            problem = blob_problem(store, digest, size)
-            if problem is None and verify:
-                problem = _hash_problem(dest, digest, report, cancel)
-            if problem is None:
-                continue
+            # Another pull may have put a verified copy in its place meanwhile: judged again.
+            if _identity(dest) != seen:
+                problem = _problem(store, digest, size, verify, report, cancel)
+                if problem is None:
+                    continue
             line = f"{name}: damaged, {problem}; fetching it again"
             log.warning("%s", line)
             report(PullProgress("", 0, 0, line))
             found.append(line)
             _delete(dest)
     return found
+
+
+def _problem(store: Path, digest: str, size: int | None, verify: bool,
+             report: ProgressCallback, cancel: threading.Event | None) -> str | None:
+    """Why the blob ``digest`` is damaged (missing, wrong size, with ``verify`` wrong bytes)."""
+    problem = blob_problem(store, digest, size)
+    if problem is None and verify:
+        problem = _hash_problem(blob_path(store, digest), digest, report, cancel)
+    return problem
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """Which file ``path`` is now (None: none): a rename over it changes the answer."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _hash_problem(path: Path, digest: str, report: ProgressCallback,
