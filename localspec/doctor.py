@@ -520,12 +520,18 @@ def _writable(path: Path) -> bool:
 
 
 def check_ollama() -> Check:
+    from .errors import ConfigError
     from .models import ollama_store
     from .models.pull import daemon_available, daemon_url
 
     stores = ollama_store.store_dirs()
     entries = ollama_store.list_store()
-    url = daemon_url()
+    try:
+        url = daemon_url()
+    except ConfigError as exc:  # OLLAMA_HOST names no address: the machine's to fix, said so
+        return Check("ollama", "warn", exc.message,
+                     "set OLLAMA_HOST to host[:port] (the daemon's address), or unset it",
+                     {"error": exc.message})
     daemon = daemon_available(url)
     store_details: list[dict[str, Any]] = []
     for store in stores:

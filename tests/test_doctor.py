@@ -189,6 +189,13 @@ def test_ollama_counts_damaged_models_and_names_the_repair(tmp_path: Path) -> No
     assert (details["models"], details["damaged"], details["exists"]) == (1, 1, True)
 
 
+def test_a_bad_ollama_host_is_named_with_its_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:abc")
+    check = doctor.check_ollama()
+    assert (check.status, check.summary) == ("warn", "OLLAMA_HOST=127.0.0.1:abc: not a host[:port]")
+    assert check.fix and "OLLAMA_HOST" in check.fix and "report" not in check.fix
+
+
 def test_selftest_flag_ignores_and_rewrites_the_cached_verdict(
         capsys: pytest.CaptureFixture[str]) -> None:
     planted = repack.SelfTestResult(True, "planted by the test", 123.0, definitive=True)

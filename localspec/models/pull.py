@@ -120,7 +120,7 @@ def _whole(name: ModelName, verify: bool, report: ProgressCallback,
 
 
 def _say(report: ProgressCallback, line: str) -> None:
-    log.warning("%s", line)
+    log.info("%s", line)  # the user sees it as a progress status
     report(PullProgress("", 0, 0, line))
 
 

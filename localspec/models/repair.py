@@ -57,7 +57,7 @@ def discard_damaged(name: ModelName, store: Path, manifest: dict[str, Any], *, v
                 if problem is None:
                     continue
             line = f"{name}: damaged, {problem}; fetching it again"
-            log.warning("%s", line)
+            log.info("%s", line)  # the line reaches the user as a progress status
             report(PullProgress("", 0, 0, line))
             found.append(line)
             _delete(dest)
