@@ -24,6 +24,7 @@ import numpy as np
 from .engine import DraftSettings, Finished, GenerationRequest, SamplingParams, SpeculativeEngine
 from .engine.sampling import apply_penalties, candidates, coupled_choice
 from .engine.stats import GenerationStats, drafter_totals
+from .errors import ContextOverflowError
 from .requests import ChatOptions, Prompt, build_request, prompt_tokens
 
 Baseline = Literal["llama-cpp-python", "engine"]
@@ -158,6 +159,19 @@ def run_alone(contender: Contender, prompt: tuple[int, ...]) -> RunResult:
     return race([contender.steps(prompt)])[0]
 
 
+def check_fits(n_prompt: int, n_ctx: int) -> None:
+    """Refuse a prompt the context cannot hold, in the engine's words (whichever side meets it
+    first, the user reads one line)."""
+    if n_prompt >= n_ctx:
+        raise ContextOverflowError(f"prompt has {n_prompt} tokens but the context holds {n_ctx}; "
+                                   "shorten it or raise --ctx")
+
+
+def max_new_tokens(max_tokens: int, n_prompt: int, n_ctx: int) -> int:
+    """The tokens a run may make: as many as asked, up to the context's end (as the engine)."""
+    return min(max_tokens, n_ctx - n_prompt)
+
+
 @dataclass(slots=True)
 class EngineContender:
     """The engine with some draft settings (drafting off: the engine's own plain decoding).
@@ -194,18 +208,29 @@ class LlamaCppPythonContender:
     cfg: BenchConfig
     eos: frozenset[int]
     name: str = "llama-cpp-python"
+    # The engine's context, when racing it: runs then stop where the engine's would.
+    n_ctx: int | None = None
 
     def steps(self, prompt: tuple[int, ...]) -> Steps:
+        check_fits(len(prompt), self.context())
         # Llama.generate(reset=True) still reuses the longest cached prefix: without this every
         # repeat after the first would skip its prompt, unlike the engine's runs.
         self.llm.reset()
         return self._steps(prompt)
+
+    def context(self) -> int:
+        """The tokens a run may hold: its Llama's context, and no more than the engine's."""
+        own = int(self.llm.n_ctx())
+        return own if self.n_ctx is None else min(own, self.n_ctx)
 
     def _steps(self, prompt: tuple[int, ...]) -> Steps:
         sp = self.cfg.sampling
         greedy = sp.greedy
         stats = GenerationStats(prompt_tokens=len(prompt))
         out: list[int] = []
+        # Llama.generate decodes past the context's end (llama_decode fails); the engine stops
+        # there, and the same limit keeps both sides making the same number of tokens.
+        limit = max_new_tokens(self.cfg.max_tokens, len(prompt), self.context())
         for tok in self.llm.generate(list(prompt), reset=True, temp=0.0 if greedy else
                                      sp.temperature, top_k=1 if greedy else sp.top_k,
                                      top_p=sp.top_p, min_p=sp.min_p,
@@ -213,7 +238,7 @@ class LlamaCppPythonContender:
             if tok in self.eos:
                 break
             out.append(int(tok))
-            if len(out) >= self.cfg.max_tokens:
+            if len(out) >= limit:
                 break
             yield len(self.llm.detokenize([tok]))
         stats.completion_tokens = len(out)
@@ -335,25 +360,29 @@ def run_bench(engine: SpeculativeEngine, prompts: Sequence[BenchPrompt], cfg: Be
         if llama is None:
             raise ValueError("the llama-cpp-python baseline needs a Llama instance")
         eos = frozenset(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))
-        contenders.insert(0, LlamaCppPythonContender(llama, cfg, eos))
+        contenders.insert(0, LlamaCppPythonContender(llama, cfg, eos,
+                                                     n_ctx=engine.target.n_ctx))
     sweep_names = [f"K={k}" for k in cfg.sweep]
     contenders += [EngineContender(name, engine, cfg, replace(cfg.draft, k=k), apart=True)
                    for name, k in zip(sweep_names, cfg.sweep, strict=True)]
     baseline = contenders[0].name
     results: list[PromptResult] = []
+    asked = [_prompt_tokens(engine, prompt, cfg.raw) for prompt in prompts]
+    # Every prompt before any run: one too long for the context would otherwise fail in
+    # whichever contender met it first, in its own words, after the others' runs were spent.
+    for tokens in asked:
+        check_fits(len(tokens), engine.target.n_ctx)
     if prompts:
         # Not counted: the first decode of a given batch shape allocates llama.cpp's compute
         # graph (and auto calibrates once), which would otherwise be charged to whoever ran first.
-        tokens = _prompt_tokens(engine, prompts[0], cfg.raw)
         for c in contenders:
             with engine.frozen_history():
-                run_alone(c, tokens)
+                run_alone(c, asked[0])
     # llama-cpp-python's own loop runs beside the speculative engine in lockstep (see race):
     # the ratio that matters most then carries no drift. The engine's other runs share its one
     # context, so they take turns, whole runs apart.
     partner = spec if raced(baseline) else None
-    for prompt in prompts:
-        tokens = _prompt_tokens(engine, prompt, cfg.raw)
+    for prompt, tokens in zip(prompts, asked, strict=True):
         res = PromptResult(prompt)
         for rep in range(cfg.repeats):
             for c in repeat_order(contenders, rep):

@@ -1,8 +1,14 @@
-"""Unit tests of the parts of the engine that need no model: text, sampling, drafting policy."""
+"""Unit tests of the parts of the engine that need no model: text, sampling, drafting policy;
+and the calibration cache, last of all one engine over the tiny models reading it."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -577,3 +583,79 @@ def test_a_chain_widths_cost_is_the_median_of_its_rounds() -> None:
 
     assert median_times(timed, [2, 3], 3) == {2: 1.1, 3: 2.1}
     assert order == [2, 3, 2, 3, 2, 3]
+
+
+# -- the calibration cache ------------------------------------------------------------------------
+Damage = Callable[[dict[str, Any]], None]
+
+
+def _drop_one(cal: dict[str, Any]) -> None:
+    del cal["target_points"]["1"]
+
+
+def _set(name: str, value: object) -> Damage:
+    def damage(cal: dict[str, Any]) -> None:
+        cal[name] = value
+    return damage
+
+
+def _point(width: str, value: object) -> Damage:
+    def damage(cal: dict[str, Any]) -> None:
+        cal["target_points"][width] = value
+    return damage
+
+
+# Each still parses as JSON; each would crash a reader or skew auto's decisions.
+DAMAGE: dict[str, Damage] = {
+    "no one-token cost": _drop_one,
+    "draft token NaN": _set("draft_token", float("nan")),
+    "draft token inf": _set("draft_token", float("inf")),
+    "draft token negative": _set("draft_token", -1.0),
+    "draft token text": _set("draft_token", "0.001"),
+    "drift null": _set("drift", None),
+    "measuring time negative": _set("seconds", -3.0),
+    "a zero cost": _point("2", 0.0),
+    "an infinite cost": _point("2", float("inf")),
+    "a cost that is true": _point("2", True),
+    "a width of 0": _point("0", 0.01),
+    "a negative width": _point("-4", 0.01),
+    "a width that is no number": _point("two", 0.01),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE.values()), ids=list(DAMAGE))
+def test_a_damaged_calibration_cache_is_no_cache(damage: Damage,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    key = "k" * 64
+    good = calibration.Calibration({1: 0.01, 2: 0.012, 16: 0.05}, 0.002, 0.001, 1.5)
+    calibration.store(key, good)
+    assert calibration.load_cached(key) == good
+    path = calibration._path(key)
+    data = json.loads(path.read_text())
+    damage(data["calibration"])
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.DEBUG, logger=calibration.log.name):
+        assert calibration.load_cached(key) is None
+    assert any("ignoring the calibration cache" in r.getMessage() for r in caplog.records)
+
+
+def test_an_engine_measures_again_over_a_damaged_calibration_cache(target_gguf: Path,
+                                                                   draft_gguf: Path) -> None:
+    """A cache with its one-token cost gone (it broke `demo` on every run): the engine loads
+    as if none were cached, measures on its first drafting request, and overwrites it."""
+    from localspec.engine import ModelSettings, SpeculativeEngine
+
+    from .engine_helpers import run
+
+    settings = ModelSettings(n_ctx=256)
+    with SpeculativeEngine.load(target_gguf, draft_gguf, settings) as engine:
+        run(engine, "the model and the draft", max_tokens=8)
+        path = calibration._path(engine._calibration_key())
+    data = json.loads(path.read_text())
+    del data["calibration"]["target_points"]["1"]
+    path.write_text(json.dumps(data))
+    with SpeculativeEngine.load(target_gguf, draft_gguf, settings) as engine:
+        assert engine.calibration is None
+        run(engine, "the model and the draft", max_tokens=8)
+        assert engine.calibration is not None and 1 in engine.calibration.target_points
+    assert "1" in json.loads(path.read_text())["calibration"]["target_points"]

@@ -122,6 +122,55 @@ def test_a_finished_self_test_decides_per_kind() -> None:
     assert result.verdict("quantized").use_extra_bufts
 
 
+def _killed(signame: str, *lines: str) -> list[str]:
+    """A stand-in child that prints ``lines`` and then dies of signal ``signame``, as if sent
+    from outside (its default action, whatever handler Python installed)."""
+    code = "".join(f"print({line!r}, flush=True)\n" for line in lines)
+    code += "import os, signal\n"
+    if signame != "SIGKILL":  # which has no handler to reset
+        code += f"signal.signal(signal.{signame}, signal.SIG_DFL)\n"
+    code += f"os.kill(os.getpid(), signal.{signame})\n"
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP", "SIGKILL"])
+def test_a_self_test_killed_from_outside_is_measured_again(
+        signame: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OOM killer, a shutdown or Ctrl-C stopping the child says nothing about the kernels:
+    the background self-test caches nothing, and the next run measures again."""
+    child = _killed(signame, *_measure_lines("unquantized", AMX_F16), "start Q4_0")
+    result = repack.run_selftest(child)
+    assert not result.definitive
+    assert signame in result.detail and "not a crash" in result.detail
+    assert result.trials["unquantized"].crashed is None
+    monkeypatch.setattr(repack, "selftest_command", lambda models: child)
+    cache = tmp_path / "repack-selftest.json"
+    repack._main(["--write-cache", str(cache), str(tmp_path / "models")])
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize("signame", ["SIGSEGV", "SIGILL", "SIGBUS", "SIGFPE", "SIGABRT"])
+def test_a_self_test_that_crashes_is_a_verdict(signame: str) -> None:
+    result = repack.run_selftest(_killed(signame, "start Q4_0"))
+    assert result.definitive and not result.repack_works
+    assert result.detail == f"{signame} while decoding with a Q4_0 model"
+    assert not result.verdict("quantized").use_extra_bufts
+
+
+def test_a_cached_verdict_of_a_self_test_killed_from_outside_is_measured_again(
+        tmp_path: Path) -> None:
+    """What earlier versions cached when the child was killed from outside."""
+    cache, key = tmp_path / "v.json", repack.build_key()
+    for detail, kept in (("SIGTERM while decoding with a Q4_0 model", False),
+                         ("SIGKILL while decoding with a F16 model (extra buffer types on)",
+                          False),
+                         ("SIGSEGV while decoding with a Q4_0 model", True)):
+        trial = KindTrial(crashed=detail)
+        repack.write_cached(cache, key, repack.SelfTestResult(False, detail, 1.0, True,
+                                                              {"quantized": trial}))
+        assert (repack.read_cached(cache, key) is not None) == kept, detail
+
+
 # -- the cache ------------------------------------------------------------------------------------
 def _amx_result() -> repack.SelfTestResult:
     return repack.SelfTestResult(True, "injected: AMX-like measurements", 1.5, True,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -79,9 +80,35 @@ class Calibration:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Calibration:
-        return cls(target_points={int(k): float(v) for k, v in d["target_points"].items()},
-                   draft_token=float(d["draft_token"]), drift=float(d["drift"]),
-                   seconds=float(d.get("seconds", 0.0)))
+        """Back from ``to_json``; anything but numbers where numbers belong is a ValueError."""
+        return cls(target_points={int(k): _number(v) for k, v in d["target_points"].items()},
+                   draft_token=_number(d["draft_token"]), drift=_number(d["drift"]),
+                   seconds=_number(d.get("seconds", 0.0)))
+
+    def problem(self) -> str | None:
+        """What makes these figures unfit to decide with (None: nothing). The engine and the
+        demo read the one-token cost, divide by costs, and weigh drafting by the draft token's
+        cost and the drift: a missing, zero, negative or non-finite figure breaks them or
+        skews auto's every decision."""
+        points = self.target_points
+        if 1 not in points:
+            return "no one-token target cost"
+        if any(n < 1 for n in points):
+            return f"a target width below 1 ({min(points)})"
+        if not all(math.isfinite(t) and t > 0 for t in points.values()):
+            return "a target cost that is not a positive number of seconds"
+        for name, value in (("draft token", self.draft_token), ("drift", self.drift),
+                            ("measuring time", self.seconds)):
+            if not (math.isfinite(value) and value >= 0):
+                return f"a {name} of {value}"
+        return None
+
+
+def _number(value: Any) -> float:
+    """A JSON number as a float: text, true/false or null in its place are damage."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a number: {value!r}")
+    return float(value)
 
 
 def measure(target: LlamaRunner, draft: LlamaRunner | None, k_max: int,
@@ -213,17 +240,24 @@ def _path(key: str) -> Path:
 
 
 def load_cached(key: str) -> Calibration | None:
-    """A cached calibration for exactly this key; stale, foreign or corrupt files are ignored."""
+    """A cached calibration for exactly this key. A stale, foreign, corrupt or damaged file
+    (one that parses but holds figures unfit to decide with) is no cache: the engine then
+    measures again and overwrites it."""
+    path = _path(key)
     try:
-        data = json.loads(_path(key).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("key") != key:
+            log.debug("ignoring the calibration cache %s: written for another key", path)
             return None
         cal = Calibration.from_json(data["calibration"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except FileNotFoundError:
         return None
-    if not cal.target_points or any(t <= 0 or not np.isfinite(t)
-                                    for t in cal.target_points.values()) \
-            or not np.isfinite(cal.drift) or cal.drift < 0:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.debug("ignoring the calibration cache %s: unreadable (%r)", path, exc)
+        return None
+    problem = cal.problem()
+    if problem is not None:
+        log.debug("ignoring the calibration cache %s: damaged (%s)", path, problem)
         return None
     return cal
 

@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +53,11 @@ _UNQUANTIZED_TYPES = {"F16", "BF16", "F32"}
 # are then measured again. 2: measurements per weight kind.
 SELFTEST_VERSION = 2
 SELFTEST_TIMEOUT = 180.0
+# The signals a child dies of when its own code crashes (a bad access, an illegal instruction,
+# GGML_ABORT, a trap): a verdict on the kernels it was running. Any other signal came from
+# outside (the OOM killer, a shutdown, Ctrl-C, a kill) and says nothing about them.
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE,
+                            signal.SIGABRT, signal.SIGTRAP})
 
 # -- the rule -------------------------------------------------------------------------------------
 # On wins outright when it verifies this much faster: verification is most of a run's time, so
@@ -235,18 +241,39 @@ def _cached_version(path: Path) -> int | None:
     return version if isinstance(version, int) else None
 
 
+def is_crash_signal(signum: int) -> bool:
+    """Whether a child dead of ``signum`` crashed by itself (see ``_CRASH_SIGNALS``)."""
+    return signum in _CRASH_SIGNALS
+
+
+def _killed_from_outside(detail: str) -> bool:
+    """Whether a crash ``detail`` (``SIGTERM while ...``) names a signal sent from outside:
+    earlier versions cached those as crashes."""
+    try:
+        return not is_crash_signal(signal.Signals[detail.split(" ", 1)[0]])
+    except KeyError:
+        return False
+
+
 def read_cached(path: Path, key: str) -> SelfTestResult | None:
     """The cached verdict for ``key``; a stale, foreign, older-version or corrupt file is
-    ignored (the self-test then measures again)."""
+    ignored (the self-test then measures again), and so is a self-test that was killed from
+    outside but cached as a crash."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("version") != SELFTEST_VERSION or data.get("key") != key:
             return None
         trials = {kind: _trial(t) for kind, t in data["trials"].items() if kind in WEIGHT_KINDS}
-        return SelfTestResult(repack_works=bool(data["repack_works"]), detail=str(data["detail"]),
-                              seconds=float(data["seconds"]), definitive=True, trials=trials)
+        result = SelfTestResult(repack_works=bool(data["repack_works"]),
+                                detail=str(data["detail"]), seconds=float(data["seconds"]),
+                                definitive=True, trials=trials)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if not result.repack_works and _killed_from_outside(result.detail):
+        log.debug("ignoring the cached repack self-test in %s: it was killed from outside "
+                  "(%s), not a crash", path, result.detail)
+        return None
+    return result
 
 
 def write_cached(path: Path, key: str, result: SelfTestResult) -> None:
@@ -323,6 +350,11 @@ def run_selftest(command: Sequence[str] | None = None,
     seconds = time.perf_counter() - t0
     trials, started = parse_selftest_output(proc.stdout)
     doing = _doing(started)
+    if proc.returncode < 0 and not is_crash_signal(-proc.returncode):
+        # Killed from outside: nothing learned about the kernels, so measured again next time.
+        return SelfTestResult(False, f"the self-test was stopped by "
+                              f"{signal_name(-proc.returncode)}{doing}, not a crash", seconds,
+                              definitive=False, trials=trials)
     if proc.returncode < 0:
         detail = f"{signal_name(-proc.returncode)}{doing}"
         if started:  # the kind it was loading when it died crashes with extra buffer types on
