@@ -4,12 +4,15 @@ reports how it ended and restarts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import pytest
 
 from localspec.chat_engine import ChatOptions
 from localspec.engine import Finished, ModelSettings, SamplingParams
-from localspec.errors import EngineStoppedError
+from localspec.errors import EngineStoppedError, LocalspecError
 from localspec.loading import EngineSpec
 from localspec.server.config import ServerConfig
 from localspec.server.engine_process import EngineProcess, ProcessChatEngine
@@ -93,6 +96,60 @@ def test_the_engine_process_exits_with_its_parent(target_gguf: Path, draft_gguf:
             time.sleep(0.1)
     finally:
         parent.kill()
+
+
+def test_an_engine_process_whose_parent_died_at_once_exits(target_gguf: Path,
+                                                             draft_gguf: Path) -> None:
+    """The parent killed before its engine process has even started its watch (its imports
+    take a while): the process must still find it gone, not take init for its parent."""
+    code = ("import os; from localspec.server.engine_process import EngineProcess; "
+            "from localspec.server.config import ServerConfig; "
+            "from tests.test_engine_process import _spec; from pathlib import Path\n"
+            "def die(self, timeout): print(self.pid, flush=True); os._exit(0)\n"
+            "EngineProcess._wait_ready = die\n"
+            f"EngineProcess(_spec(Path({str(target_gguf)!r}), Path({str(draft_gguf)!r})), "
+            "ServerConfig(model_id='t')).start()")
+    parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).parent.parent, env={**os.environ}, timeout=60)
+    child = int(parent.stdout)
+    try:
+        deadline = time.monotonic() + 30
+        while _alive(child):
+            assert time.monotonic() < deadline, "the engine process outlived its parent"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("failure", ["corrupt file", "ctrl-c"])
+def test_a_failed_start_leaves_no_folder_and_no_process(
+        failure: str, tmp_path: Path, draft_gguf: Path, target_gguf: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat engine that never started has nothing to close: what it made goes at once."""
+    temp = Path(tempfile.mkdtemp(prefix="ls-"))  # short: a socket path has ~100 bytes
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    started: list[EngineProcess] = []
+    target = target_gguf
+    if failure == "corrupt file":
+        target = tmp_path / "corrupt.gguf"
+        target.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    else:
+        def ctrl_c(self: EngineProcess, timeout: float) -> None:
+            started.append(self)
+            raise KeyboardInterrupt  # as it arrives while the models load
+
+        monkeypatch.setattr(EngineProcess, "_wait_ready", ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt if failure == "ctrl-c" else LocalspecError):
+            ProcessChatEngine(_spec(target, draft_gguf), ServerConfig(model_id="x"))
+        assert list(temp.iterdir()) == []
+        for process in started:
+            assert process.end() is not None, "the engine process was left running"
+    finally:
+        for process in started:
+            process.close()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ is one line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -21,6 +22,12 @@ from ..errors import LocalspecError
 # Order is the order shown in --help.
 SUBCOMMANDS = ("run", "demo", "bench", "inspect", "pull", "list", "suggest", "pair", "serve",
                "history", "doctor", "tui")
+# OSErrors that describe this machine, not a bug: a full disk, a read-only or unreadable folder,
+# a file where a folder should be. Said in one line, as the system says it.
+_ENVIRONMENT_ERRNOS = frozenset({
+    errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EACCES, errno.EPERM, errno.EROFS,
+    errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP, errno.EMFILE,
+    errno.ENFILE, errno.EPIPE})
 # Commands whose native crashes (llama.cpp dying by a signal) are reported by a supervising
 # parent process; the chat app and the server supervise their engine process themselves.
 GUARDED = ("run", "bench", "demo")
@@ -105,6 +112,17 @@ def _setup_logging(level: str) -> None:
         else logging.CRITICAL)
 
 
+def environment_error(exc: BaseException) -> str | None:
+    """The one line for an OSError that is the machine's (``no space left on device``,
+    ``not a directory: /home/me/.localspec/cache``), None for any other exception."""
+    if not isinstance(exc, OSError) or exc.errno not in _ENVIRONMENT_ERRNOS:
+        return None
+    reason = exc.strerror or os.strerror(exc.errno)
+    line = reason[:1].lower() + reason[1:]
+    names = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+    return f"{line}: {' -> '.join(names)}" if names else line
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
@@ -121,12 +139,28 @@ def _dispatch(args: argparse.Namespace) -> int:
         # Output piped into `head` and closed early: not an error worth a traceback.
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        line = environment_error(exc)
+        if line is None:
+            raise  # a bug: the guard, or Python, shows it with its traceback
+        print(f"localspec: error: {line}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The program (``argv`` None: the command line), or one command in this process
     (``main(["run", ...])``, for embedding): only the program runs its models under the crash
     guard, which needs a process of its own to survive llama.cpp's death."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before a command runs: parsing imports the command modules, a fraction of a
+        # second in which it lands here, not in _dispatch.
+        print("localspec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     as_program = argv is None
     # Not list(): importing the `list` subcommand rebinds that name in this package.
     argv = [*(sys.argv[1:] if argv is None else argv)]

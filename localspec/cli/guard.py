@@ -13,6 +13,10 @@ Python stacks at a native crash (``faulthandler``) and the traceback of any exce
 did not turn into a user-facing error. Such an exception is one line on stderr naming the log,
 and exit status 1: the child ends with ``os._exit``, which would otherwise drop it unsaid.
 
+The two processes are one command: a signal that asks the parent to stop (Ctrl-C, SIGTERM,
+SIGHUP) is passed on to the child, and the child dies with its parent, even a parent killed by
+SIGKILL, rather than compute for nobody.
+
 Forking costs about a millisecond (the parent has imported only the CLI). Where ``fork`` does
 not exist (Windows), the command runs in-process and a crash is the operating system's to report.
 """
@@ -25,6 +29,8 @@ import mmap
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +46,13 @@ _LOG_MAX_BYTES = 1 << 20  # a log past this is started afresh: it holds recent r
 # engine/llama_backend.py's ``abort_log``, by name: importing it here would load numpy.
 _ABORT_LOGGER = "localspec.llama_cpp.abort"
 _LAST_WORDS_SIZE = 1024
+# The signals the parent passes on to the child. Blocked across the fork, so none arrives before
+# each process has its own handlers.
+_PASSED_ON = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PARENT_POLL_SECONDS = 0.5  # where the kernel cannot signal the parent's death: how often to look
+# A SIGINT this soon after the one that stopped the child is that one's twin (see _StopOnce).
+_TWIN_SECONDS = 1.0
 
 
 def log_path() -> Path:
@@ -120,7 +133,14 @@ def _route_logs(log: TextIO | None, last_words: _LastWords) -> None:
 
 def _unexpected(exc: BaseException, log: TextIO | None) -> int:
     """One line for an exception nothing turned into a user-facing error; the traceback goes
-    to the log."""
+    to the log. An OSError that is the machine's (a full disk, a file where a folder should be)
+    is no bug: it is said as the system says it, and nothing asks for a report."""
+    from . import environment_error
+
+    said = environment_error(exc)
+    if said is not None:
+        print(f"localspec: error: {said}", file=sys.stderr)
+        return 1
     where = "no log: the cache folder is not writable"
     if log is not None:
         try:
@@ -144,10 +164,14 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _child(work: Callable[[], int], last_words: _LastWords) -> int:
-    log = _open_log()
-    _route_logs(log, last_words)
+def _child(work: Callable[[], int], last_words: _LastWords,
+           mask: set[int | signal.Signals]) -> int:
+    log = None
     try:
+        # Unblocked here, where a Ctrl-C that came meanwhile is said like any other.
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        log = _open_log()
+        _route_logs(log, last_words)
         return work()
     except SystemExit as exc:
         return _exit_code(exc)
@@ -166,20 +190,101 @@ def run_guarded(work: Callable[[], int]) -> int:
     last_words = _LastWords()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    parent = os.getpid()
+    # The kernel's parent-death signal follows the thread that forked: only the main thread
+    # lives as long as the parent.
+    on_main = threading.current_thread() is threading.main_thread()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _PASSED_ON)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid == 0:  # the child: does the work, reports into the board
-        activity.install(board)
         code = 1
         try:
-            code = _child(work, last_words)
+            signal.signal(signal.SIGINT, _StopOnce())
+            _die_with_parent(parent, on_main)
+            activity.install(board)
+            code = _child(work, last_words, mask)
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):  # a closed pipe or a closed stream
-                    pass
-            os._exit(code)
-    return _wait(pid, board, last_words)
+            # Stopping now: a Ctrl-C here would escape os._exit and run the parent's code on.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            os._exit(_flush_output(code))
+    return _wait(pid, board, last_words, mask)
+
+
+class _StopOnce:
+    """The child's SIGINT handler: KeyboardInterrupt, once per Ctrl-C. A Ctrl-C at the terminal
+    reaches the child twice, from the terminal and passed on by the parent (which cannot tell
+    it from a ``kill -INT`` of the parent alone); the twin, a moment later, must not cut short
+    the stopping the first began. A Ctrl-C pressed again later interrupts again, as usual."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+
+    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < _TWIN_SECONDS:
+            return
+        self._last = now
+        raise KeyboardInterrupt
+
+
+def _flush_output(code: int) -> int:
+    """In the child, before os._exit (which drops unflushed output): flush stdout and stderr.
+    Output that cannot be written (a full disk) fails a run that succeeded; a reader that
+    closed the pipe early (``| head``) does not."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            pass
+        except ValueError:  # a closed stream
+            pass
+        except OSError as exc:
+            if stream is sys.stdout and code == 0:
+                from . import environment_error
+
+                print(f"localspec: error: cannot write the output: "
+                      f"{environment_error(exc) or exc}", file=sys.stderr, flush=True)
+                code = 1
+    return code
+
+
+def _die_with_parent(parent: int, on_main: bool) -> None:
+    """In the child: end when the parent does, even one killed by SIGKILL (nothing else
+    would stop the child: it would compute on for nobody, holding the model's memory)."""
+    if not (on_main and _parent_death_signal(signal.SIGKILL)):
+        _watch_parent(parent)
+    if os.getppid() != parent:  # gone before the kernel was asked to tell
+        os._exit(1)
+
+
+def _parent_death_signal(signum: int) -> bool:
+    """Linux: have the kernel send this process ``signum`` when its parent exits. False
+    where that cannot be had."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes  # deferred: the child alone needs it
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # prctl is variadic: its arguments are unsigned longs, passed as such.
+        return int(libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signum), ctypes.c_ulong(0),
+                              ctypes.c_ulong(0), ctypes.c_ulong(0))) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    """Elsewhere: a thread that ends the process once its parent is gone (it is adopted)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="localspec-parent-watch", daemon=True).start()
 
 
 def _changed_file(what: activity.Activity | None) -> str | None:
@@ -197,18 +302,19 @@ def _changed_file(what: activity.Activity | None) -> str | None:
     return None
 
 
-def _wait(pid: int, board: activity.Board, last_words: _LastWords) -> int:
-    # Ctrl-C reaches both processes (one terminal process group): the child stops its work
-    # and says so; the parent only waits. Termination requests are passed on.
+def _wait(pid: int, board: activity.Board, last_words: _LastWords,
+          mask: set[int | signal.Signals]) -> int:
+    # The child stops its work and says so; the parent only waits. What asks the parent to
+    # stop is passed on: Ctrl-C too, which reaches the child twice when the terminal sent it to
+    # both (the child takes the first), and once when a `kill -INT` named the parent alone.
     def forward(signum: int, _frame: FrameType | None) -> None:
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
 
-    saved = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        saved[sig] = signal.signal(sig, forward)
+    saved = {sig: signal.signal(sig, forward) for sig in _PASSED_ON}
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         while True:
             try:

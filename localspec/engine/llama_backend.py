@@ -19,6 +19,8 @@ import contextlib
 import ctypes
 import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +48,12 @@ _backend_ready = False
 # llama.cpp reports why a load failed only in its log: the error lines logged during a load,
 # from which the reason goes into our message.
 _load_errors: list[str] = []
+# A Ctrl-C that landed in the log callback. Python runs a signal's handler at the next Python
+# code in the main thread, which during a load is this callback; the KeyboardInterrupt it raises
+# there is one ctypes cannot pass through native code, so it only reports it (unraisable) and
+# llama.cpp carries on. Noted here instead, it is raised once the native call has returned.
+_interrupted = False
+_unraisable_hook: Any = None  # ours, once installed (see _keep_interrupts)
 
 RepackMode = Literal["auto", "on", "off"]
 # common_prefix compares all but this many trailing tokens in one go (see there).
@@ -127,6 +135,7 @@ def route_llama_logs_to_logging() -> None:
     """Send llama.cpp's own log lines to ``logging`` instead of stderr (they wreck a TUI), and
     the message of a failed assertion too, without the backtrace ggml prints before aborting."""
     global _log_callback
+    _keep_interrupts()
     if _log_callback is not None:
         return
     # ggml answers a failed GGML_ASSERT (and an uncaught C++ exception) by attaching gdb to the
@@ -136,17 +145,56 @@ def route_llama_logs_to_logging() -> None:
     import llama_cpp
 
     _route_aborts_to_logging()
+    _log_callback = llama_cpp.llama_log_callback(_log_line)
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
-    @llama_cpp.llama_log_callback  # type: ignore[misc]
-    def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        msg = text.decode("utf-8", errors="replace").rstrip()
-        if msg:
-            if level == 4 and len(_load_errors) < 32:
-                _load_errors.append(msg)
-            _llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", msg)
 
-    _log_callback = _callback
-    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+def _log_line(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    """llama.cpp's log callback. A KeyboardInterrupt can surface anywhere in it, even before
+    its first line (where Python checks for signals on entering a function), so no ``try``
+    here could catch it: ``_keep_interrupts`` takes it from ctypes instead."""
+    msg = text.decode("utf-8", errors="replace").rstrip()
+    if msg:
+        if level == 4 and len(_load_errors) < 32:
+            _load_errors.append(msg)
+        _llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", msg)
+
+
+def _keep_interrupts() -> None:
+    """Have a KeyboardInterrupt that escaped ``_log_line`` noted for ``_take_interrupt``
+    rather than printed and dropped; every other unraisable exception goes where it went. Put
+    back if something replaced it since (a test runner swaps the hook around each test)."""
+    global _unraisable_hook
+    if sys.unraisablehook is _unraisable_hook:
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        global _interrupted
+        if _in_log_line(unraisable) and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _interrupted = True
+        else:
+            previous(unraisable)
+
+    _unraisable_hook = sys.unraisablehook = hook
+
+
+def _in_log_line(unraisable: Any) -> bool:
+    """Whether ctypes reports an exception of ``_log_line``: Python 3.11 and 3.12 give the
+    callback as the object, 3.13 names it in the message instead."""
+    if unraisable.object is not None:
+        return unraisable.object is _log_line
+    return repr(_log_line) in (unraisable.err_msg or "")
+
+
+def _take_interrupt() -> bool:
+    """Whether a Ctrl-C landed in the log callback during the native call that just returned
+    (then it is for the caller to raise). Only the main thread's: signals are its alone."""
+    global _interrupted
+    if not _interrupted or threading.current_thread() is not threading.main_thread():
+        return False
+    _interrupted = False
+    return True
 
 
 def _route_aborts_to_logging() -> None:
@@ -319,7 +367,13 @@ class LlamaRunner:
         params.n_gpu_layers = 0x7FFFFFFF if layers < 0 else layers
         params.use_extra_bufts = extra_bufts
         _load_errors.clear()
+        if _take_interrupt():  # noted in an earlier native call (a dry run while placing)
+            raise KeyboardInterrupt
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if _take_interrupt():  # Ctrl-C during the load (see _interrupted)
+            if model:
+                lib.llama_model_free(model)
+            raise KeyboardInterrupt
         if not model:
             reason = _load_reason(_load_errors)
             raise ModelLoadError(f"{self.path}: llama.cpp could not load it ({reason})")
@@ -343,6 +397,10 @@ class LlamaRunner:
             # each n_ctx / n_seq_max).
             params.kv_unified = True
         ctx = lib.llama_init_from_model(self._model, params)
+        if _take_interrupt():  # Ctrl-C while it was made (see _interrupted)
+            if ctx:
+                lib.llama_free(ctx)
+            raise KeyboardInterrupt
         if not ctx:
             raise ModelLoadError(f"{self.path}: llama.cpp could not create a context of "
                                  f"{settings.n_ctx} tokens (out of memory? try a smaller --ctx)")
@@ -484,6 +542,8 @@ class LlamaRunner:
                 raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
             self.tokens.extend(chunk)
             start += len(chunk)
+            if _take_interrupt():  # Ctrl-C while it logged; the cache matches self.tokens
+                raise KeyboardInterrupt
         return self._logits_view(n_logits)
 
     def _fill_batch(self, chunk: Sequence[int], pos0: int, first_logit: int) -> None:
@@ -690,6 +750,8 @@ class LlamaRunner:
             raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
         self._tree = _Tree(base, (*tree.tokens, *tokens), tuple(all_parents),
                            tuple(tuple(sorted(s)) for s in seqs))
+        if _take_interrupt():  # Ctrl-C while it logged; the tree is recorded for keep_branch
+            raise KeyboardInterrupt
         return self._logits_view(n_new)
 
     def keep_branch(self, path: Sequence[int]) -> None:

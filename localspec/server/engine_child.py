@@ -18,6 +18,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--activity", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--log-file")
+    # Named by the parent, not read here with getppid(): by the time this process looks, a
+    # parent killed meanwhile has been replaced by init, and that one never goes away.
+    ap.add_argument("--parent", type=int, required=True)
     args = ap.parse_args(argv)
     handler: logging.Handler = (logging.FileHandler(args.log_file, encoding="utf-8")
                                 if args.log_file else logging.StreamHandler(sys.stderr))
@@ -37,7 +40,7 @@ def main(argv: list[str]) -> int:
     from .config import ServerConfig
     from .engine_process import KEY_ENV, spec_from_json, watch_parent
 
-    watch_parent(os.getppid())
+    watch_parent(args.parent)
     activity.install(activity.Board.file(Path(args.activity)))
     config = json.loads(args.config)
     spec = spec_from_json(config["spec"])

@@ -113,11 +113,16 @@ class EngineProcess:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "localspec.server.engine_child", "--socket",
                  self.socket_path, "--activity", str(self._board_path), "--config", spec,
+                 "--parent", str(os.getpid()),
                  *(["--log-file", str(self._log_file)] if self._log_file else [])],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
         finally:
             err.close()
-        self._wait_ready(timeout)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:  # a Ctrl-C too: a child left loading would hold the model
+            self.stop()
+            raise
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -187,8 +192,10 @@ class EngineProcess:
 
 
 def watch_parent(parent: int, interval: float = 0.5) -> None:
-    """In the child: exit when the parent process is gone (reparented), so a killed chat app or
-    server never leaves a model loaded."""
+    """In the child: exit when the parent process ``parent`` is gone (reparented), so a killed
+    chat app or server never leaves a model loaded. Not the kernel's parent-death signal: that
+    follows the thread that started the child, and the chat app starts engines from worker
+    threads that end long before it does."""
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval)
@@ -209,9 +216,14 @@ class ProcessChatEngine:
         from ..remote import RemoteEngine
 
         self._process = EngineProcess(spec, options, log_file)
-        self._process.start()
-        self._remote = RemoteEngine("http://engine", api_key=self._process.key,
-                                    uds=self._process.socket_path, where="the engine process")
+        try:
+            self._process.start()
+            self._remote = RemoteEngine("http://engine", api_key=self._process.key,
+                                        uds=self._process.socket_path,
+                                        where="the engine process")
+        except BaseException:  # nothing returned to close: the folder goes now
+            self._process.close()
+            raise
 
     @property
     def info(self) -> Any:
