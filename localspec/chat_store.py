@@ -208,7 +208,8 @@ class ChatStore:
     def latest_rate(self, pair: str, mode: str = "plain") -> float | None:
         rows = self._read("SELECT tokens_per_second FROM rates WHERE pair = ? AND mode = ?",
                           (pair, mode))
-        return float(rows[0][0]) if rows else None
+        # One no measurement could give (0 or less, from an older version) is none.
+        return float(rows[0][0]) if rows and float(rows[0][0]) > 0 else None
 
 
 # -- opening and checking --------------------------------------------------------------------

@@ -84,6 +84,8 @@ def test_rates(tmp_path: Path) -> None:
     store.record_rate("tiny", "plain", 12.5)
     store.record_rate("tiny", "plain", 13.0)
     assert store.latest_rate("tiny") == 13.0
+    store.record_rate("tiny", "plain", 0.0)  # as an older version stored for an empty answer
+    assert store.latest_rate("tiny") is None
 
 
 def test_memory_estimate_of_a_real_pair(target_gguf: Path, draft_gguf: Path) -> None:

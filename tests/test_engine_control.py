@@ -123,6 +123,15 @@ def test_bad_settings_are_value_errors(engine: SpeculativeEngine) -> None:
             engine.generate(GenerationRequest(prompt_tokens=prompt, sampling=sp))
     with pytest.raises(ValueError, match="k must be"):
         engine.generate(GenerationRequest(prompt_tokens=prompt, draft=DraftSettings(k=99)))
+    # What llama.cpp would take wrongly: an id past the vocabulary fails its decode as if
+    # memory ran out; one string as stop would stop at each of its characters.
+    n_vocab = engine.target.n_vocab
+    for bad in (n_vocab, -1):
+        with pytest.raises(ValueError, match=f"token id {bad} is outside the vocabulary"):
+            engine.generate(GenerationRequest(prompt_tokens=(*prompt, bad)))
+    with pytest.raises(ValueError, match="stop must be a sequence of strings"):
+        engine.generate(GenerationRequest(prompt_tokens=prompt, stop="\n\n"))  # type: ignore[arg-type]
+    assert engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=3)).tokens
 
 
 def test_draft_mode_model_needs_a_draft(target_gguf: Path) -> None:

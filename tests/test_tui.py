@@ -319,6 +319,28 @@ async def test_model_manager_pull_cancel_delete_inspect(make_app: Callable[..., 
         await pilot.click("#cancel-pull")
         await wait_for(pilot, lambda: screen.pulling is None)
         assert "slow:latest" not in [m.name for m in lib.models]
+        # Ctrl+X cancels too, though the name box (whose own Ctrl+X cuts) has the focus.
+        name_box = screen.query_one("#pull-name", Input)
+        name_box.value = "slow:latest"
+        name_box.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: bool(screen._bars) and screen.pulling is not None)
+        await pilot.press("ctrl+x")
+        await wait_for(pilot, lambda: screen.pulling is None)
+        assert "slow:latest" not in [m.name for m in lib.models]
+        assert name_box.value == "slow:latest"
+        # A delete that fails is said, and the list stays: the models are still there.
+        lib.delete_error = OSError(13, "Permission denied")
+        screen.query_one("#models", DataTable).focus()
+        await pilot.press("ctrl+d")
+        await pilot.pause()
+        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert "Permission denied" in app.screen.error_message
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one("#models", DataTable).row_count == 3
+        lib.delete_error = None
         screen.query_one("#models", DataTable).focus()
         await pilot.press("ctrl+i")
         await wait_for(pilot, lambda: "GGUF metadata" in str(
@@ -389,6 +411,26 @@ class ScreenHost(App[None]):
 
     def on_chat_deleted(self, message: ChatDeleted) -> None:
         self.posted.append(message)
+
+
+async def test_a_plain_rate_of_zero_does_not_break_the_gauge() -> None:
+    """An answer of no tokens once measured plain decoding at 0 tok/s; the gauge compares
+    every later rate with it, and must not divide by it."""
+    from localspec.tui.widgets.rate_gauge import RateGauge, RateReading
+
+    class Host(App[None]):
+        def compose(self) -> Any:
+            yield RateGauge()
+
+    app = Host()
+    async with app.run_test(size=SIZE) as pilot:
+        gauge = app.query_one(RateGauge)
+        gauge.reading = RateReading(tokens_per_second=5.0, plain_tokens_per_second=0.0)
+        await pilot.pause()
+        assert app.is_running
+        gauge.reading = RateReading(tokens_per_second=5.0, plain_tokens_per_second=2.0)
+        await pilot.pause()
+        assert "×2.50" in str(gauge.query_one("#rate-headline", Static).render())
 
 
 async def test_pair_picker_needs_only_its_collaborators(target_gguf: Path,

@@ -104,7 +104,11 @@ class FakeLibrary:
         self.models.append(model)
         return model
 
+    delete_error: Exception | None = None  # set: delete fails with it
+
     def delete(self, name: str) -> None:
+        if self.delete_error is not None:
+            raise self.delete_error
         self.deleted.append(name)
         self.models = [m for m in self.models if m.name != name]
 

@@ -409,10 +409,12 @@ class ChatScreen(Screen[None]):
         plain = self._last_reading.plain_tokens_per_second
         if st.drafted == 0 and st.lookup_rounds == 0 and self.settings.draft_mode == "none":
             # An answer without drafting is a measurement of plain decoding on this pair.
-            plain = st.decode_tokens_per_second or st.tokens_per_second
-            if self.pair_name:
+            measured = st.decode_tokens_per_second or st.tokens_per_second
+            # An answer of no tokens (the end came first) measured nothing.
+            plain = measured if measured > 0 else plain
+            if self.pair_name and measured > 0:
                 try:
-                    self._history().record_rate(self.pair_name, "plain", plain)
+                    self._history().record_rate(self.pair_name, "plain", measured)
                 except sqlite3.Error as exc:  # a measurement, not the user's words: log it
                     log.warning("cannot record the plain rate: %s", exc)
         self._set_reading(RateReading(

@@ -27,10 +27,12 @@ class ModelManagerScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "back", "Back"),
         Binding("f6", "refresh", "Refresh"),
-        Binding("ctrl+d", "delete", "Delete"),
-        Binding("ctrl+i", "inspect", "Inspect"),
-        Binding("ctrl+s", "suggest", "Suggest drafts"),
-        Binding("ctrl+x", "cancel_pull", "Cancel pull"),
+        # priority: the name box keeps the focus after a pull starts, and its own keys
+        # (Ctrl+D deletes a character, Ctrl+X cuts) would take these first.
+        Binding("ctrl+d", "delete", "Delete", priority=True),
+        Binding("ctrl+i", "inspect", "Inspect", priority=True),
+        Binding("ctrl+s", "suggest", "Suggest drafts", priority=True),
+        Binding("ctrl+x", "cancel_pull", "Cancel pull", priority=True),
     ]
 
     def __init__(self, library: ModelLibrary) -> None:
@@ -65,6 +67,10 @@ class ModelManagerScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="models", exit_on_error=False)
     def list_models(self) -> None:
+        self._post_list()
+
+    def _post_list(self) -> None:
+        """In a worker: the store's models, or why they cannot be listed."""
         try:
             self.post_message(ModelsListed(self.library.local_models()))
         except Exception as exc:
@@ -172,11 +178,11 @@ class ModelManagerScreen(Screen[None]):
     def delete_model(self, name: str) -> None:
         try:
             self.library.delete(name)
-        except Exception as exc:
-            self.post_message(ModelsListed([], exc))
+        except Exception as exc:  # the list stays as it is: the models are still there
+            self.post_message(WorkFailed(exc))
             return
         self.post_message(InfoReady("Deleted", name))
-        self.post_message(ModelsListed(self.library.local_models()))
+        self._post_list()
 
     def action_inspect(self) -> None:
         name = self._selected()

@@ -49,7 +49,7 @@ class RateGauge(Vertical):
                                                          "green"))
         if r.plain_tokens_per_second is not None:
             head.append(f"   plain {r.plain_tokens_per_second:.1f}", style="dim")
-            if r.tokens_per_second:
+            if r.tokens_per_second and r.plain_tokens_per_second > 0:
                 head.append(f" (×{r.tokens_per_second / r.plain_tokens_per_second:.2f})",
                             style="dim")
         self.query_one("#rate-headline", Static).update(head)
