@@ -10,6 +10,7 @@ serve``, the chat app's own engine process, llama-server, vLLM). Front ends are 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,12 @@ class ChatEngine(Protocol):
         """Why the engine is no longer there (its process died), or None while it is."""
         ...
 
+    @property
+    def model_pid(self) -> int | None:
+        """The process that holds the models on this machine (what the gauges' "this process"
+        shows), or None where they are another program's (a server's) or elsewhere."""
+        ...
+
     def restart(self) -> None:
         """Bring a stopped engine back (a new engine process on the same pair; for a server
         that went away, an engine process of this app's own)."""
@@ -118,6 +125,10 @@ class LocalChatEngine:
 
     def stopped(self) -> str | None:
         return None  # in this process: if it died, so did we
+
+    @property
+    def model_pid(self) -> int | None:
+        return os.getpid()
 
     def restart(self) -> None:
         pass

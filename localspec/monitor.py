@@ -63,6 +63,10 @@ class Monitor(Protocol):
 
     def sample(self) -> MachineSample: ...
 
+    def watch(self, pid: int | None) -> None:
+        """Sample process ``pid`` as "this process" (None: none)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -130,7 +134,9 @@ class SystemMonitor:
 
     def __init__(self, nvml: ModuleType | None = None, pid: int | None = None) -> None:
         self._nvml = Nvml(nvml)
-        self._pid = pid if pid is not None else os.getpid()
+        # "This process": the one holding the models, which the chat app runs apart from
+        # itself (see ``watch``); this one until told.
+        self._pid: int | None = pid if pid is not None else os.getpid()
         self._state = "new"  # new -> ready | unavailable -> closed
         self._note: str | None = None
         self._handles: list[tuple[int, Any]] = []
@@ -159,6 +165,11 @@ class SystemMonitor:
             self._state = "closed"
             self._handles = []
 
+    def watch(self, pid: int | None) -> None:
+        with self._lock:
+            if pid != self._pid:
+                self._pid, self._process = pid, None
+
     # -- sampling -----------------------------------------------------------------------------
     def _gpu(self, index: int, handle: Any) -> GpuSample:
         nv = self._nvml
@@ -169,7 +180,7 @@ class SystemMonitor:
                       "nvmlDeviceGetGraphicsRunningProcesses"):
             procs += nv.query(query, handle) or []
         mine = [getattr(p, "usedGpuMemory", None) for p in procs
-                if getattr(p, "pid", None) == self._pid]
+                if self._pid is not None and getattr(p, "pid", None) == self._pid]
         known = [m for m in mine if isinstance(m, int)]
         return GpuSample(
             index=index,
@@ -184,14 +195,16 @@ class SystemMonitor:
         try:
             import psutil
 
-            if self._process is None:
-                self._process = psutil.Process(self._pid)
+            if self._process is None and self._pid is not None:
+                self._process = _call(psutil.Process, self._pid)  # None: it has just ended
+            process = self._process
             vm = psutil.virtual_memory()
             return {
                 "ram_used": int(vm.total - vm.available), "ram_total": int(vm.total),
                 "ram_available": int(vm.available),
                 "cpu_percent": float(psutil.cpu_percent(interval=None)),
-                "process_rss": _call(lambda: int(self._process.memory_info().rss)),
+                "process_rss": (_call(lambda: int(process.memory_info().rss))
+                                if process is not None else None),
             }
         except Exception as exc:
             log.debug("psutil sample failed: %s", exc)

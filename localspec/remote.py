@@ -110,6 +110,10 @@ class RemoteEngine:
     def close(self) -> None:
         self._client.close()
 
+    @property
+    def model_pid(self) -> int | None:
+        return None  # a server's: another program, maybe on another machine
+
     def stopped(self) -> str | None:
         return None  # another process's server: its supervision is its own
 

@@ -74,6 +74,10 @@ class ServedChatEngine:
                           cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         return self._watched(self._engine.stream_completion(prompt, options, cancel))
 
+    @property
+    def model_pid(self) -> int | None:
+        return self._engine.model_pid if self._own else None  # the server is another program
+
     def stopped(self) -> str | None:
         """Cheap (the app asks between answers): the server's process, and whether a request
         found its address dead."""

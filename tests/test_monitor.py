@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 from localspec.monitor import SystemMonitor
 from tests.fake_pynvml import make_fake_pynvml
@@ -55,3 +58,30 @@ def test_real_machine_sample_never_raises() -> None:
     assert s.process_rss and s.process_rss > 0
     assert bool(s.gpus) != bool(s.gpu_note)
     mon.close()
+
+
+def test_this_process_is_the_one_watched() -> None:
+    """The chat app's models live in its engine process: the gauges follow that process (its
+    VRAM on the (fake) GPU, its RSS for real), and show none where the models are another
+    program's."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(300 << 20); "
+                              "time.sleep(60)"], stdin=subprocess.DEVNULL)
+    try:
+        nv = make_fake_pynvml(pid=child.pid)
+        mon = SystemMonitor(nvml=nv)
+        mine = mon.sample()
+        assert mine.gpus[0].process_memory is None  # the fake GPU runs the child, not us
+        mon.watch(child.pid)
+        for _ in range(100):  # until the child has touched its 300 MB
+            theirs = mon.sample()
+            if (theirs.process_rss or 0) > 250 << 20:
+                break
+            time.sleep(0.05)
+        assert theirs.gpus[0].process_memory == 3 * 1024**3
+        assert theirs.process_rss is not None and theirs.process_rss > 250 << 20
+        mon.watch(None)
+        none = mon.sample()
+        assert none.process_rss is None and none.gpus[0].process_memory is None
+    finally:
+        child.kill()
+        child.wait()

@@ -296,6 +296,18 @@ async def test_gauges_show_the_monitor(make_app: Callable[..., LocalspecApp]) ->
         group = app.chat.query_one(MachineGauge).render()
         text = "\n".join(t.plain for t in group.renderables)  # type: ignore[attr-defined]
         assert "No NVIDIA driver" in text
+        assert app.monitor.watched is None  # type: ignore[attr-defined]  # no pair: no models
+
+
+async def test_the_gauges_follow_the_process_that_holds_the_models(
+        make_app: Callable[..., LocalspecApp]) -> None:
+    """The chat app's engine runs in a process of its own (here, for speed, in this one): the
+    gauges' "this process" is that one, followed across a restart."""
+    monitor = FakeMonitor(FIXED_CPU_SAMPLE)
+    app = make_app(monitor=monitor)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        await wait_for(pilot, lambda: getattr(monitor, "watched", None) == os.getpid())
 
 
 async def test_model_manager_pull_cancel_delete_inspect(make_app: Callable[..., LocalspecApp]

@@ -37,6 +37,9 @@ class FakeMonitor:
     def sample(self) -> MachineSample:
         return self._sample
 
+    def watch(self, pid: int | None) -> None:
+        self.watched = pid
+
     def close(self) -> None:
         self.closed = True
 

@@ -241,6 +241,10 @@ class ProcessChatEngine:
     def activity(self) -> Activity | None:
         return self._process.activity()
 
+    @property
+    def model_pid(self) -> int | None:
+        return self._process.pid
+
     def stopped(self) -> str | None:
         end = self._process.end()
         return f"engine stopped: {end.describe()}" if end is not None else None

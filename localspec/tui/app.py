@@ -194,6 +194,9 @@ class LocalspecApp(App[int]):
         """Sample the machine every ``sample_interval`` seconds until the app exits."""
         worker = get_current_worker()
         while not worker.is_cancelled:
+            # The models live in the engine's process (a restart makes a new one), not here.
+            engine = self.engine
+            self.monitor.watch(engine.model_pid if engine is not None else None)
             self.post_message(SampleTaken(self.monitor.sample()))
             worker.cancelled_event.wait(self.sample_interval)
 
