@@ -365,6 +365,30 @@ async def test_model_manager_pull_cancel_delete_inspect(make_app: Callable[..., 
         await wait_for(pilot, lambda: lib.deleted == ["tiny-target:latest"])
 
 
+async def test_leaving_the_model_manager_keeps_its_pull_and_typed_name(
+        make_app: Callable[..., LocalspecApp]) -> None:
+    """Esc while a pull runs: the pull goes on (its end is said wherever the user is), and
+    the name typed in the box is there on coming back."""
+    app = make_app(spec=None)
+    lib: FakeLibrary = app.library  # type: ignore[assignment]
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        screen = app.screen
+        lib.pull_delay = 0.05
+        screen.query_one("#pull-name", Input).value = "slow:latest"
+        await pilot.click("#pull")
+        await wait_for(pilot, lambda: screen.pulling is not None)
+        screen.query_one("#pull-name", Input).value = "next:one"  # typed meanwhile
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is not screen)
+        await wait_for(pilot, lambda: "slow:latest" in [m.name for m in lib.models])
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: app.screen is screen)
+        assert screen.query_one("#pull-name", Input).value == "next:one"
+        await wait_for(pilot, lambda: "slow:latest" in [
+            str(row.value) for row in screen.query_one("#models", DataTable).rows])
+
+
 async def test_deleting_the_open_chat_starts_afresh(make_app: Callable[..., LocalspecApp],
                                                    tmp_path: Path) -> None:
     store = ChatStore(tmp_path / "chats.sqlite3")

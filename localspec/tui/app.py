@@ -380,7 +380,11 @@ class LocalspecApp(App[int]):
     def action_models(self) -> None:
         from .screens.models import ModelManagerScreen
 
-        self.push_screen(ModelManagerScreen(self.library))
+        # One screen for the app's life, installed: leaving it (Esc) keeps a pull running and
+        # the name typed in its box, where a new screen each time dropped both.
+        if not self.is_screen_installed("models"):
+            self.install_screen(ModelManagerScreen(self.library), "models")
+        self.push_screen("models")
 
     def action_settings(self) -> None:
         from .screens.settings import SettingsScreen

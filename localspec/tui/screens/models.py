@@ -59,7 +59,9 @@ class ModelManagerScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.sub_title = "Models"
-        self.action_refresh()
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()  # each time it is shown: the store may have changed meanwhile
 
     # -- listing ------------------------------------------------------------------------------
     def action_refresh(self) -> None:
