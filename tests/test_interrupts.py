@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,21 @@ import pytest
 from localspec.engine.llama_backend import LlamaRunner, ModelSettings
 
 from .conftest import run_cli
+
+
+def _ctrl_c_as_on_a_terminal() -> None:
+    """For a child: SIGINT's default, whatever the runner's is. A runner started in the
+    background by a shell without job control ignores SIGINT, and its children inherit that:
+    Python then installs no KeyboardInterrupt handler, and no Ctrl-C could be tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises() -> Iterator[None]:
+    """The same in this process, for the in-process tests."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 class _CtrlCAt(logging.Handler):
@@ -63,7 +79,8 @@ def _long_run(target: Path, draft: Path, out: Path, err: Path) -> tuple[subproce
         proc = subprocess.Popen(
             [sys.executable, "-m", "localspec", "run", "--target", str(target), "--draft",
              str(draft), "--repack", "off", "--ctx", "32768", "-n", "30000", "--raw", "hello"],
-            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True,
+            preexec_fn=_ctrl_c_as_on_a_terminal)
     deadline = time.monotonic() + 60
     while not out.stat().st_size:
         assert proc.poll() is None, err.read_text()
@@ -152,7 +169,8 @@ def test_ctrl_c_while_the_arguments_are_parsed_is_one_line() -> None:
             "importlib.import_module = ctrl_c\n"
             "sys.exit(cli.main())\n")
     proc = subprocess.run([sys.executable, "-c", code, "run", "--target", "x.gguf", "hello"],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          preexec_fn=_ctrl_c_as_on_a_terminal)
     assert (proc.returncode, proc.stderr) == (130, "localspec: interrupted\n")
 
 

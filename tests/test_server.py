@@ -788,7 +788,10 @@ def test_serve_announces_the_port_it_listens_on(pair: tuple[Path, Path]) -> None
     target_gguf, draft_gguf = pair
     proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target",
                              str(target_gguf), "--draft", str(draft_gguf), "--ctx", "256",
-                             "--port", "0"], stderr=subprocess.PIPE, text=True)
+                             "--port", "0"], stderr=subprocess.PIPE, text=True,
+                            # SIGINT's default even under a runner that ignores it (started
+                            # in the background): the test sends serve a Ctrl-C.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stderr is not None
         lines = []
