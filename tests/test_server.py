@@ -377,6 +377,11 @@ def test_raw_http_errors(server: BackgroundServer) -> None:
     assert r.status_code == 404 and "error" in r.json()
     r = httpx.get(server.url + "/v1/chat/completions")
     assert r.status_code == 405
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [1, 10**6], "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"].startswith("token id 1000000 is outside the vocabulary (0..")
 
 
 def test_deeply_nested_json_is_400_and_the_connection_survives(

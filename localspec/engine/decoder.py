@@ -385,20 +385,20 @@ class SpeculativeEngine:
         from ..params import check
 
         check("max_tokens", req.max_tokens)
-        self._check_request(req)
+        self.check_prompt_tokens(req.prompt_tokens)
+        if isinstance(req.stop, str):  # it would stop at each of its characters
+            raise ValueError("stop must be a sequence of strings, not one string: "
+                             f"stop=({req.stop!r},)")
         with self._lock:
             yield from self._stream(req, cancel)
 
-    def _check_request(self, req: GenerationRequest) -> None:
-        """What llama.cpp would take wrongly: an id outside the vocabulary fails its decode as
-        if memory ran out, and a string as ``stop`` would stop at each of its characters."""
+    def check_prompt_tokens(self, tokens: Sequence[int]) -> None:
+        """ValueError for an id outside the target's vocabulary: llama.cpp fails its decode
+        as if memory had run out."""
         n_vocab = self.target.n_vocab
-        bad = next((t for t in req.prompt_tokens if not 0 <= t < n_vocab), None)
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
-        if isinstance(req.stop, str):
-            raise ValueError("stop must be a sequence of strings, not one string: "
-                             f"stop=({req.stop!r},)")
 
     def _new_run(self, req: GenerationRequest) -> _Run:
         sp = req.sampling

@@ -287,19 +287,20 @@ async def _metrics(request: Request, state: ServerState) -> Response:
 
 
 async def _models(request: Request, state: ServerState) -> Response:
+    return JSONResponse(_listing(state))
+
+
+def _listing(state: ServerState) -> dict[str, Any]:
     names = state.model_names()
-    return JSONResponse(models_list(names[0], names[1:], state.config.owned_by, state.created,
-                                    state.model_meta()))
+    return models_list(names[0], names[1:], state.config.owned_by, state.created,
+                       state.model_meta())
 
 
 async def _model(request: Request, state: ServerState) -> Response:
     """``/v1/models/NAME`` (the SDKs' ``models.retrieve``): the model, by any name it answers
     to; 404 naming them otherwise."""
     _check_model(request.path_params["model"], state)
-    names = state.model_names()
-    listed = models_list(names[0], names[1:], state.config.owned_by, state.created,
-                         state.model_meta())
-    return JSONResponse(listed["data"][0])
+    return JSONResponse(_listing(state)["data"][0])
 
 
 async def _chat(request: Request, state: ServerState) -> Response:
@@ -370,10 +371,10 @@ def _build(engine: SpeculativeEngine, parsed: ParsedRequest,
     if parsed.prompt is not None:
         return build_request(engine, parsed.prompt, options)
     assert parsed.prompt_tokens is not None
-    bad = [t for t in parsed.prompt_tokens if not 0 <= t < engine.target.n_vocab]
-    if bad:
-        raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "
-                            f"(0..{engine.target.n_vocab - 1})", param="prompt")
+    try:
+        engine.check_prompt_tokens(parsed.prompt_tokens)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="prompt") from None
     return build_request(engine, parsed.prompt_tokens, options)
 
 

@@ -116,13 +116,14 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
     else:
         prompt, prompt_tokens = _prompt(body.get("prompt"))
     stream = _bool(body, "stream", False)
+    fit = _bool(body, "fit_max_tokens", False)
     include_usage = _stream_options(body.get("stream_options"), stream)
     return ParsedRequest(kind=kind, model=model, messages=messages, prompt=prompt,
-                         prompt_tokens=prompt_tokens, max_tokens=_max_tokens(body, config),
+                         prompt_tokens=prompt_tokens, max_tokens=_max_tokens(body, config, fit),
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
                          include_usage=include_usage, draft=_draft_fields(body),
-                         fit_max_tokens=_bool(body, "fit_max_tokens", False))
+                         fit_max_tokens=fit)
 
 
 def _check_text(body: dict[str, Any]) -> None:
@@ -309,11 +310,11 @@ def _integer(body: dict[str, Any], key: str, lo: int | None = None) -> int | Non
     return value
 
 
-def _max_tokens(body: dict[str, Any], config: ServerConfig) -> int | None:
+def _max_tokens(body: dict[str, Any], config: ServerConfig, fit: bool) -> int | None:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     value = _integer(body, key, lo=1)
-    if value is not None and value > config.max_tokens_limit and body.get("fit_max_tokens"):
+    if value is not None and value > config.max_tokens_limit and fit:
         return config.max_tokens_limit  # "as many as you give", like the context's cut
     if value is not None and value > config.max_tokens_limit:
         raise bad_param(key, f"'{key}' is {value} but this server allows at most "
