@@ -26,6 +26,10 @@ def _ctrl_c_as_on_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _ctrl_c_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture(autouse=True)
 def _ctrl_c_raises() -> Iterator[None]:
     """The same in this process, for the in-process tests."""
@@ -67,12 +71,37 @@ def test_ctrl_c_while_llama_cpp_logs_stops_the_load(target_gguf: Path, during: s
     assert ctrl_c.sent
 
 
+@pytest.mark.parametrize("call", ["decode", "decode_tree"])
+def test_ctrl_c_while_a_failing_decode_logs_is_the_ctrl_c(target_gguf: Path, call: str) -> None:
+    """A decode that fails after a Ctrl-C landed in its log lines raises the Ctrl-C (not the
+    failure), at once, and the runner works on afterwards with no interrupt left pending."""
+    logger = logging.getLogger("localspec.llama_cpp")
+    ctrl_c, level = _CtrlCAt("init: invalid token"), logger.level
+    with LlamaRunner(target_gguf, ModelSettings(n_ctx=256, repack="off"), branches=2) as runner:
+        runner.decode([1, 2, 3])
+        logger.addHandler(ctrl_c)
+        logger.setLevel(logging.DEBUG)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                if call == "decode":
+                    runner.decode([runner.n_vocab + 5])
+                else:
+                    runner.decode_tree([4, runner.n_vocab + 5], [-1, -1])
+        finally:
+            logger.removeHandler(ctrl_c)
+            logger.setLevel(level)
+        assert ctrl_c.sent
+        assert runner.tokens == [1, 2, 3]
+        assert runner.decode([4]).shape == (1, runner.n_vocab)  # nothing raised late
+
+
 # -- the crash guard's two processes --------------------------------------------------------------
-def _long_run(target: Path, draft: Path, out: Path, err: Path) -> tuple[subprocess.Popen[bytes],
-                                                                         int]:
+def _long_run(target: Path, draft: Path, out: Path, err: Path, ctrl_c: bool = True
+              ) -> tuple[subprocess.Popen[bytes], int]:
     """``localspec run`` generating for a minute or more, once its models are loaded and text
     flows; returns the process and its guarded child's pid. In a session of its own: a signal
-    for its group reaches it alone."""
+    for its group reaches it alone. ``ctrl_c=False`` starts it ignoring SIGINT, as a shell
+    without job control starts a job it puts in the background."""
     import psutil
 
     with out.open("wb") as stdout, err.open("wb") as stderr:
@@ -80,7 +109,7 @@ def _long_run(target: Path, draft: Path, out: Path, err: Path) -> tuple[subproce
             [sys.executable, "-m", "localspec", "run", "--target", str(target), "--draft",
              str(draft), "--repack", "off", "--ctx", "32768", "-n", "30000", "--raw", "hello"],
             stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True,
-            preexec_fn=_ctrl_c_as_on_a_terminal)
+            preexec_fn=_ctrl_c_as_on_a_terminal if ctrl_c else _ctrl_c_ignored)
     deadline = time.monotonic() + 60
     while not out.stat().st_size:
         assert proc.poll() is None, err.read_text()
@@ -138,6 +167,27 @@ def test_ctrl_c_stops_the_guarded_child(target_gguf: Path, draft_gguf: Path, tmp
         assert proc.wait(timeout=30) == 130
         assert err.read_text() == "localspec: interrupted\n"
         assert _wait_gone(child)
+    finally:
+        _end(proc, child)
+
+
+@linux_only
+def test_a_run_started_ignoring_ctrl_c_keeps_running(target_gguf: Path, draft_gguf: Path,
+                                                     tmp_path: Path) -> None:
+    """`localspec run ... &` in a script: the shell starts it ignoring SIGINT, so a Ctrl-C
+    meant for the script's foreground job must not stop it, in either of its processes."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    proc, child = _long_run(target_gguf, draft_gguf, out, err, ctrl_c=False)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        written = out.stat().st_size
+        deadline = time.monotonic() + 30
+        while out.stat().st_size == written:  # text still flows after the Ctrl-C
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "no text after the Ctrl-C"
+            time.sleep(0.05)
+        assert proc.poll() is None and _alive(child)
+        assert "interrupted" not in err.read_text()
     finally:
         _end(proc, child)
 

@@ -15,7 +15,9 @@ and exit status 1: the child ends with ``os._exit``, which would otherwise drop 
 
 The two processes are one command: a signal that asks the parent to stop (Ctrl-C, SIGTERM,
 SIGHUP) is passed on to the child, and the child dies with its parent, even a parent killed by
-SIGKILL, rather than compute for nobody.
+SIGKILL, rather than compute for nobody. A signal the command was started ignoring (SIGINT
+for a job a shell without job control put in the background, SIGHUP under ``nohup``) stays
+ignored in both: that is what whoever started it asked for.
 
 Forking costs about a millisecond (the parent has imported only the CLI). Where ``fork`` does
 not exist (Windows), the command runs in-process and a crash is the operating system's to report.
@@ -194,6 +196,7 @@ def run_guarded(work: Callable[[], int]) -> int:
     # The kernel's parent-death signal follows the thread that forked: only the main thread
     # lives as long as the parent.
     on_main = threading.current_thread() is threading.main_thread()
+    ignored = _ignored(_PASSED_ON)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _PASSED_ON)
     try:
         pid = os.fork()
@@ -203,7 +206,8 @@ def run_guarded(work: Callable[[], int]) -> int:
     if pid == 0:  # the child: does the work, reports into the board
         code = 1
         try:
-            signal.signal(signal.SIGINT, _StopOnce())
+            if signal.SIGINT not in ignored:
+                signal.signal(signal.SIGINT, _StopOnce())
             _die_with_parent(parent, on_main)
             activity.install(board)
             code = _child(work, last_words, mask)
@@ -211,7 +215,12 @@ def run_guarded(work: Callable[[], int]) -> int:
             # Stopping now: a Ctrl-C here would escape os._exit and run the parent's code on.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             os._exit(_flush_output(code))
-    return _wait(pid, board, last_words, mask)
+    return _wait(pid, board, last_words, mask, _PASSED_ON - ignored)
+
+
+def _ignored(signals: frozenset[signal.Signals]) -> frozenset[signal.Signals]:
+    """Those of ``signals`` this process was started ignoring."""
+    return frozenset(sig for sig in signals if signal.getsignal(sig) is signal.SIG_IGN)
 
 
 class _StopOnce:
@@ -303,7 +312,7 @@ def _changed_file(what: activity.Activity | None) -> str | None:
 
 
 def _wait(pid: int, board: activity.Board, last_words: _LastWords,
-          mask: set[int | signal.Signals]) -> int:
+          mask: set[int | signal.Signals], passed_on: frozenset[signal.Signals]) -> int:
     # The child stops its work and says so; the parent only waits. What asks the parent to
     # stop is passed on: Ctrl-C too, which reaches the child twice when the terminal sent it to
     # both (the child takes the first), and once when a `kill -INT` named the parent alone.
@@ -313,7 +322,7 @@ def _wait(pid: int, board: activity.Board, last_words: _LastWords,
         except ProcessLookupError:
             pass
 
-    saved = {sig: signal.signal(sig, forward) for sig in _PASSED_ON}
+    saved = {sig: signal.signal(sig, forward) for sig in passed_on}
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         while True:

@@ -197,6 +197,12 @@ def _take_interrupt() -> bool:
     return True
 
 
+def _raise_if_interrupted() -> None:
+    """After a native call that logs: raise the Ctrl-C that landed in its log callback."""
+    if _take_interrupt():
+        raise KeyboardInterrupt
+
+
 def _route_aborts_to_logging() -> None:
     """ggml's abort callback: the assertion's message goes to ``abort_log``, not stderr (ggml
     then aborts the process as before; what supervises it reports the death)."""
@@ -367,8 +373,7 @@ class LlamaRunner:
         params.n_gpu_layers = 0x7FFFFFFF if layers < 0 else layers
         params.use_extra_bufts = extra_bufts
         _load_errors.clear()
-        if _take_interrupt():  # noted in an earlier native call (a dry run while placing)
-            raise KeyboardInterrupt
+        _raise_if_interrupted()  # noted in an earlier native call (a dry run while placing)
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if _take_interrupt():  # Ctrl-C during the load (see _interrupted)
             if model:
@@ -539,11 +544,11 @@ class LlamaRunner:
             if rc != 0:
                 # Leave the cache as it was: a failed decode may have written part of the chunk.
                 self._lib.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1)
+                _raise_if_interrupted()  # the Ctrl-C, not the failure it may have caused
                 raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
             self.tokens.extend(chunk)
             start += len(chunk)
-            if _take_interrupt():  # Ctrl-C while it logged; the cache matches self.tokens
-                raise KeyboardInterrupt
+            _raise_if_interrupted()  # Ctrl-C while it logged; the cache matches self.tokens
         return self._logits_view(n_logits)
 
     def _fill_batch(self, chunk: Sequence[int], pos0: int, first_logit: int) -> None:
@@ -648,6 +653,7 @@ class LlamaRunner:
             log.warning("could not restore a saved prompt state of %d tokens", len(entry.tokens))
             lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
             self.prompt_cache.discard(entry)
+            _raise_if_interrupted()  # a Ctrl-C while it logged why: now, not at some later call
             return 0
         self.tokens.extend(entry.tokens.tolist())
         shared = self.common_prefix(seq)
@@ -747,11 +753,11 @@ class LlamaRunner:
         if rc != 0:
             self._tree = None
             lib.llama_memory_seq_keep(self._mem, 0)  # drop whatever of the tree was written
+            _raise_if_interrupted()
             raise ModelLoadError(f"llama_decode failed with code {rc} (out of memory?)")
         self._tree = _Tree(base, (*tree.tokens, *tokens), tuple(all_parents),
                            tuple(tuple(sorted(s)) for s in seqs))
-        if _take_interrupt():  # Ctrl-C while it logged; the tree is recorded for keep_branch
-            raise KeyboardInterrupt
+        _raise_if_interrupted()  # Ctrl-C while it logged; the tree is recorded for keep_branch
         return self._logits_view(n_new)
 
     def keep_branch(self, path: Sequence[int]) -> None:
