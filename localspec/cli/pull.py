@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def models_to_pull(name: str) -> list[str]:
+def models_to_pull(name: str) -> tuple[list[str], bool]:
     """A pair's Ollama models, or the name itself; local files are left out (nothing to pull).
+    With them, whether the name is a pair's, for saying so when nothing is left.
 
     A name written as a path must be a file: a missing one is "no such file", not an attempt
     to pull it from a registry."""
@@ -39,20 +40,21 @@ def models_to_pull(name: str) -> list[str]:
 
     pair = load_pairs().get(name)
     if pair is not None:
-        return [ref for ref in (pair.target, pair.draft) if not is_path_ref(ref)]
+        return [ref for ref in (pair.target, pair.draft) if not is_path_ref(ref)], True
     if looks_like_path(name):
         resolve_model(name)
-        return []
-    return [name]
+        return [], False
+    return [name], False
 
 
 def run(args: argparse.Namespace) -> int:
     from ..models.pull import pull
 
-    names = models_to_pull(args.name)
+    names, is_pair = models_to_pull(args.name)
     if not names:
         # Said, not silent: an exit 0 with no output reads as "pulled" (or as a hang).
-        print(_nothing_to_pull(args.name), file=sys.stderr)
+        what = "both models are local files" if is_pair else "a local file"
+        print(f"{args.name}: {what}; nothing to pull", file=sys.stderr)
         return 0
     for name in names:
         with _ProgressBars() as bars:
@@ -60,13 +62,6 @@ def run(args: argparse.Namespace) -> int:
                          progress=bars.update, verify=args.verify)
         print(f"{model.name}\t{model.gguf_path}")
     return 0
-
-
-def _nothing_to_pull(name: str) -> str:
-    from ..models.catalogue import load_pairs
-
-    what = "both models are local files" if name in load_pairs() else "a local file"
-    return f"{name}: {what}; nothing to pull"
 
 
 class _ProgressBars:
