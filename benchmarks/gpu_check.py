@@ -40,6 +40,7 @@ from localspec.engine import (  # noqa: E402
     ModelSettings,
     SpeculativeEngine,
 )
+from localspec.engine.llama_devices import offload_devices  # noqa: E402
 from localspec.engine.llama_dry_run import Buffers, dry_run, llama_log_lines, parse_buffers  # noqa: E402
 from localspec.engine.placement import (  # noqa: E402
     GpuBudget,
@@ -226,6 +227,11 @@ class Check:
             used, total, free, driver = q[0][:4]
             row.update(smi_used_mib=_num(used), smi_total_mib=_num(total),
                        smi_free_mib=_num(free), driver=driver)
+        devices = offload_devices()  # what placement reads first: llama.cpp's own GPU list
+        if devices:
+            row.update(llama_device=devices[0].description, llama_devices=len(devices),
+                       llama_free_mib=_mib(devices[0].free_bytes),
+                       llama_total_mib=_mib(devices[0].total_bytes))
         apps = smi("--query-compute-apps=pid,used_memory") or []
         mine = [_num(a[1]) for a in apps if len(a) > 1 and a[0] == str(os.getpid())]
         row["smi_process_mib"] = mine[0] if mine else None
@@ -358,7 +364,8 @@ class Check:
         tm = ModelMemory.from_gguf(self.models[target]["path"], f"check-{target}")
         dm = ModelMemory.from_gguf(self.models[draft]["path"], f"check-{draft}")
         if simulated_free is None:
-            budget = GpuBudget.from_sample(self.monitor.sample())
+            budget = (GpuBudget.from_devices(offload_devices())
+                      or GpuBudget.from_sample(self.monitor.sample()))
         else:
             need = (place_model(dm, -1, CTX).gpu_bytes
                     + place_model(tm, tm.n_layer // 2 + 1, CTX).gpu_bytes + margin_bytes(0))

@@ -15,7 +15,8 @@
 #   * engine/placement.py's decision (--gpu-layers auto) against what llama.cpp loaded and the
 #     VRAM it used, real and on a simulated smaller card, and against llama.cpp's own no_alloc
 #     dry runs of 1B and 70B shapes (sparse header files, no weights);
-#   * NVML's VRAM reading (localspec/monitor.py) against nvidia-smi's.
+#   * NVML's VRAM reading (localspec/monitor.py) and llama.cpp's own (engine/llama_devices.py,
+#     which placement reads first) against nvidia-smi's.
 #
 # How long: under 8 minutes on one H200 with 16 cores (build ~3-4 min, the rest time-boxed:
 # steps that would overrun the budget are skipped and named in the JSON).

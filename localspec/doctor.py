@@ -34,6 +34,7 @@ from .formatting import human_bytes
 from .signals import signal_name
 
 if TYPE_CHECKING:  # the engine package imports numpy: only when a check needs it
+    from .engine.llama_devices import Device
     from .engine.repack import SelfTestResult
 
 log = logging.getLogger(__name__)
@@ -144,11 +145,17 @@ _GPU_LIBRARIES = (("cuda", "CUDA"), ("metal", "Metal"), ("vulkan", "Vulkan"),
 
 # Run in a child: imports llama_cpp (loads the shared libraries) and asks what they can do.
 _PROBE = """\
-import json, llama_cpp
+import dataclasses, json, llama_cpp
 info = llama_cpp.llama_print_system_info()
+try:
+    from localspec.engine.llama_devices import offload_devices
+    devices = [dataclasses.asdict(d) for d in offload_devices()]
+except Exception:  # another Python without localspec: placement asks NVML
+    devices = []
 print(json.dumps({
     "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
     "system_info": info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info),
+    "devices": devices,
 }))
 """
 
@@ -164,6 +171,7 @@ class LlamaBuild:
     gpu_offload: bool | None = None  # llama_supports_gpu_offload(): a GPU device was found
     system_info: str = ""  # llama_print_system_info(): the CPU features it was built for
     lib_dir: str | None = None
+    devices: tuple[Device, ...] = ()  # the GPUs it offloads to, with their memory
 
     @property
     def backend(self) -> str:
@@ -221,7 +229,20 @@ def probe_llama(python: str | None = None, timeout: float = PROBE_TIMEOUT) -> Ll
     # Answered, so it imports; a crash at exit after that is noted, not held against it.
     late = None if proc.returncode == 0 else f"the probe exited with {proc.returncode}"
     return replace(found, imports=True, error=late, gpu_offload=bool(data.get("gpu_offload")),
-                   system_info=str(data.get("system_info", "")).strip())
+                   system_info=str(data.get("system_info", "")).strip(),
+                   devices=_probed_devices(data.get("devices")))
+
+
+def _probed_devices(value: Any) -> tuple[Device, ...]:
+    """The probe's device list; what does not read as one (a probe of another version) is
+    none, and placement falls back to NVML."""
+    from .engine.llama_devices import Device
+
+    try:
+        return tuple(Device(str(d["description"]), int(d["free_bytes"]), int(d["total_bytes"]))
+                     for d in value or ())
+    except (TypeError, KeyError, ValueError):
+        return ()
 
 
 def check_llama(build: LlamaBuild) -> Check:
@@ -423,8 +444,15 @@ def check_gpu(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
         "driver_version": report.driver_version, "cuda_version": report.cuda_version,
         "gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total,
                   "memory_free": g.memory_free} for g in report.gpus],
-        "llama_backend": build.backend, "nvcc": nvcc}
+        "llama_backend": build.backend, "nvcc": nvcc,
+        "llama_devices": [asdict(d) for d in build.devices]}
     cuda_build = "CUDA" in build.gpu_backends
+    if not report.driver_found and build.gpu_offload and build.devices:
+        # llama.cpp has a GPU NVML cannot see (Metal, ROCm, a container without NVML): it
+        # offloads, and placement reads the memory from llama.cpp; only the gauges go without.
+        return Check("gpu", "ok", f"llama.cpp offloads with {build.backend} to "
+                     f"{_device_line(build.devices)}; no NVML ({report.note}), so the chat "
+                     "app's gauges show no GPU", None, details)
     if not report.driver_found:
         if cuda_build:
             return Check("gpu", "warn",
@@ -453,6 +481,14 @@ def check_gpu(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
                  toolkit + cuda_rebuild_command(build.version), details)
 
 
+def _device_line(devices: tuple[Device, ...]) -> str:
+    first = devices[0]
+    memory = (f" ({human_bytes(first.free_bytes)} free of {human_bytes(first.total_bytes)})"
+              if first.total_bytes > 0 else "")
+    more = f" and {len(devices) - 1} more" if len(devices) > 1 else ""
+    return f"{first.description or 'a GPU'}{memory}{more}"
+
+
 # -- 5b. placement: where --gpu-layers auto puts the last pair's layers --------------------------
 def check_placement(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
     """The placement of the chat app's last pair (header reads only), else the machine's: "no
@@ -460,7 +496,8 @@ def check_placement(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
     from .monitor import SystemMonitor
     from .placing import machine_budget
 
-    budget = machine_budget(SystemMonitor(nvml), gpu_offload=bool(build.gpu_offload))
+    budget = machine_budget(SystemMonitor(nvml), gpu_offload=bool(build.gpu_offload),
+                            devices=build.devices)
     details: dict[str, Any] = {"free_bytes": budget.free_bytes, "gpus": budget.n_gpus,
                                "note": budget.note}
     plan = _last_pair_plan(budget)

@@ -1,15 +1,16 @@
 """``--gpu-layers auto`` for a spec: the placement plan made where the files are known.
 
 :mod:`localspec.engine.placement` is the arithmetic; this module feeds it the machine (llama.cpp's
-build and the monitor's NVML sample) and the spec's files, and turns the plan into the layer
-counts the models load with. It never raises for the machine's sake: no GPU, no driver or a
-CPU-only llama.cpp is ``GpuBudget.none`` and the plan says so.
+build and its devices' free memory, or the monitor's NVML sample) and the spec's files, and turns
+the plan into the layer counts the models load with. It never raises for the machine's sake: no
+GPU, no driver or a CPU-only llama.cpp is ``GpuBudget.none`` and the plan says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from .errors import LocalspecError, ModelLoadError
 
 if TYPE_CHECKING:
     from .engine.llama_backend import ModelSettings
+    from .engine.llama_devices import Device
     from .monitor import SystemMonitor
 
 log = logging.getLogger(__name__)
@@ -37,14 +39,22 @@ def llama_offloads() -> bool:
         return False
 
 
-def machine_budget(monitor: SystemMonitor | None = None,
-                   gpu_offload: bool | None = None) -> GpuBudget:
-    """The GPU memory placement may use: the first GPU's free VRAM by NVML, or none (with why)
-    when llama.cpp cannot offload whatever NVML sees. ``gpu_offload`` None asks this process's
-    llama.cpp. Never raises."""
+def machine_budget(monitor: SystemMonitor | None = None, gpu_offload: bool | None = None,
+                   devices: Sequence[Device] | None = None) -> GpuBudget:
+    """The GPU memory placement may use: the first GPU's free memory as llama.cpp sees it
+    (``devices``; None asks this process's llama.cpp), else as NVML sees it, or none (with
+    why) when llama.cpp cannot offload. ``gpu_offload`` None asks this process's llama.cpp.
+    Never raises."""
     offload = llama_offloads() if gpu_offload is None else gpu_offload
     if not offload:
         return GpuBudget.none(NO_GPU_BUILD)
+    if devices is None:
+        from .engine.llama_devices import offload_devices
+
+        devices = offload_devices()
+    budget = GpuBudget.from_devices(devices)
+    if budget is not None:
+        return budget
     from .monitor import SystemMonitor
 
     own = monitor is None

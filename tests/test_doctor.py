@@ -20,6 +20,7 @@ from localspec import doctor
 from localspec.cli import main
 from localspec.config import config_path
 from localspec.engine import repack
+from localspec.engine.llama_devices import Device
 from tests.fake_pynvml import make_fake_pynvml
 from tests.ollama_helpers import build_model, write_model
 
@@ -135,6 +136,22 @@ def test_gpu_check_against_the_build(driver: bool, gpus: int, backends: tuple[st
     check = doctor.check_gpu(build, nvml=make_fake_pynvml(driver=driver, gpus=gpus))
     assert check.status == status, check
     assert (check.fix is not None) == (status == "warn")
+
+
+def test_a_gpu_llama_cpp_lists_without_nvml_is_used_not_called_missing() -> None:
+    """A CUDA build in a container without NVML, or Metal: llama.cpp lists a GPU (given as
+    data: none is here) and NVML reads nothing (a fake). Doctor says llama.cpp offloads to it,
+    not "no NVIDIA driver, reinstall the CPU build", and placement counts its memory."""
+    gpu = Device("NVIDIA GeForce RTX 4070", 10 * 1024**3, 12 * 1024**3)
+    build = doctor.LlamaBuild(LLAMA_VERSION, True, gpu_backends=("CUDA",), gpu_offload=True,
+                              devices=(gpu,))
+    check = doctor.check_gpu(build, nvml=make_fake_pynvml(driver=False))
+    assert check.status == "ok" and check.fix is None
+    assert "offloads with CUDA to NVIDIA GeForce RTX 4070 (10.7 GB free of 12.9 GB)" \
+        in check.summary
+    placement = doctor.check_placement(build, nvml=make_fake_pynvml(driver=False))
+    assert placement.details["free_bytes"] == 10 * 1024**3
+    assert placement.summary.startswith("NVIDIA GeForce RTX 4070: 10.7 GB free")
 
 
 def test_readme_install_command_is_the_doctors() -> None:

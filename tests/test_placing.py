@@ -12,6 +12,7 @@ import pytest
 
 from localspec.cli import main
 from localspec.engine import ModelSettings
+from localspec.engine.llama_devices import Device, offload_devices
 from localspec.engine.placement import GpuBudget, ModelMemory
 from localspec.loading import EngineSpec, load_engine
 from localspec.monitor import SystemMonitor
@@ -70,6 +71,48 @@ def test_two_fake_gpus_say_multi_gpu_waits(target_gguf: Path) -> None:
 def test_a_cpu_only_build_is_no_gpu_even_where_nvml_sees_one() -> None:
     budget = machine_budget(SystemMonitor(make_fake_pynvml(gpus=1)), gpu_offload=False)
     assert budget == GpuBudget.none(NO_GPU_BUILD)
+
+
+GIB = 1024**3
+
+
+def test_llama_cpps_own_gpu_memory_comes_before_nvmls(target_gguf: Path) -> None:
+    """The devices are what a CUDA (or Metal, ROCm) build of llama.cpp lists, given as data:
+    none is here. What llama.cpp reads wins over NVML's GPU 0, which may not be the GPU
+    llama.cpp uses (``CUDA_VISIBLE_DEVICES``), and counts where NVML reads nothing."""
+    cuda1 = Device("NVIDIA GeForce RTX 4090", 20 * GIB, 24 * GIB)
+    for nvml in (make_fake_pynvml(gpus=2), make_fake_pynvml(driver=False)):
+        budget = machine_budget(SystemMonitor(nvml), gpu_offload=True, devices=[cuda1])
+        assert budget == GpuBudget(20 * GIB, 1, "NVIDIA GeForce RTX 4090")
+        ts = ModelSettings(None, n_ctx=512)
+        new_ts, _, plan = resolve_layers(target_gguf, None, ts, None, budget)
+        assert plan is not None and plan.fits and "RTX 4090" in plan.describe()
+        assert new_ts.n_gpu_layers == ModelMemory.from_gguf(target_gguf).n_layer + 1
+    # A backend that gives no memory figure: NVML answers, as before.
+    unknown = Device("some GPU", 0, 0)
+    budget = machine_budget(SystemMonitor(make_fake_pynvml(gpus=1)), gpu_offload=True,
+                            devices=[unknown])
+    assert budget.free_bytes == 70 * GIB and budget.name == "Fake GPU 0"
+    # Neither: no GPU memory reading, and auto offloads nothing, saying why.
+    budget = machine_budget(SystemMonitor(make_fake_pynvml(driver=False)), gpu_offload=True,
+                            devices=[unknown])
+    assert budget.free_bytes is None and budget.note
+
+
+def test_llama_cpps_device_list_here_is_its_cpu_alone() -> None:
+    """The real binding, on this CPU-only build: ggml lists its CPU device, with this
+    machine's memory, and no device to offload to."""
+    import llama_cpp._ggml as ggml
+    import psutil
+
+    from localspec.engine import llama_devices
+
+    assert offload_devices() == []
+    lib = llama_devices._bind(ggml.libggml)
+    assert lib.ggml_backend_dev_count() >= 1
+    cpu = llama_devices._device(lib, lib.ggml_backend_dev_get(0))
+    assert cpu.total_bytes == psutil.virtual_memory().total
+    assert 0 < cpu.free_bytes <= cpu.total_bytes
 
 
 def test_run_verbose_shows_the_placement(target_gguf: Path, draft_gguf: Path) -> None:

@@ -27,12 +27,14 @@ are counted as plain attention, which over-counts their cache.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..formatting import human_bytes
 from ..monitor import MachineSample
+from .llama_devices import Device
 
 MIB = 1 << 20
 # VRAM that the estimate does not see: the CUDA context and cuBLAS handles (a few hundred MB per
@@ -274,8 +276,8 @@ def _most_layers(m: ModelMemory, budget: int, n_ctx: int, n_batch: int,
 # -- the machine's side ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class GpuBudget:
-    """The first GPU's free memory as NVML reports it, and how many GPUs there are.
-    ``free_bytes`` is None when there is no usable GPU; ``note`` then says why."""
+    """The first GPU's free memory (as llama.cpp, else NVML, reports it), and how many GPUs
+    there are. ``free_bytes`` is None when there is no usable GPU; ``note`` then says why."""
 
     free_bytes: int | None
     n_gpus: int = 1
@@ -289,6 +291,16 @@ class GpuBudget:
             return cls(None, len(sample.gpus), None, sample.gpu_note or "no GPU memory reading")
         gpu = sample.gpus[0]
         return cls(gpu.memory_free, len(sample.gpus), gpu.name)
+
+    @classmethod
+    def from_devices(cls, devices: Sequence[Device]) -> GpuBudget | None:
+        """From llama.cpp's own device list (``llama_devices.offload_devices``); None where it
+        has no GPU with a memory figure, for NVML to answer instead."""
+        if not devices or devices[0].total_bytes <= 0:
+            return None
+        first = devices[0]
+        return cls(min(first.free_bytes, first.total_bytes), len(devices),
+                   first.description or None)
 
     @classmethod
     def none(cls, note: str) -> GpuBudget:
