@@ -602,6 +602,7 @@ def check_ollama() -> Check:
 def check_config() -> Check:
     from .config import config_path, load_settings
     from .errors import ConfigError
+    from .history import load_config as load_history_config
     from .models.catalogue import user_pairs, user_pairs_path
 
     path, pairs_path = config_path(), user_pairs_path()
@@ -613,7 +614,7 @@ def check_config() -> Check:
              pairs_path: f"edit {pairs_path.name} as said, or move it away (your pairs go with "
                          "it)"}
     loaders: tuple[tuple[Path, Callable[[], Any]], ...] = (
-        (path, load_settings), (pairs_path, user_pairs))
+        (path, load_settings), (path, load_history_config), (pairs_path, user_pairs))
     for file, load in loaders:
         try:
             loaded = load()

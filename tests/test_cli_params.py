@@ -172,3 +172,20 @@ def test_a_name_too_long_for_a_file_is_no_such_pair_or_file(tmp_path: Path) -> N
         assert proc.returncode == 1, (args[0], proc.stderr)
         line = _one_line(proc.stderr)
         assert words in line and "Errno" not in line, (args[0], line)
+
+
+@pytest.mark.parametrize("value", ["trace", "verbose"])
+def test_an_unknown_localspec_log_is_one_line(value: str) -> None:
+    proc = run_cli("list", env={**os.environ, "LOCALSPEC_LOG": value})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "LOCALSPEC_LOG" in proc.stderr
+    assert value in proc.stderr
+
+
+def test_localspec_log_sets_the_default_level(target_gguf: Path) -> None:
+    args = ("run", "--target", str(target_gguf), "--draft-mode", "none", "--repack", "off",
+            "-n", "2", "--raw", "hi")
+    quiet = run_cli(*args, env={**os.environ, "LOCALSPEC_LOG": ""})
+    loud = run_cli(*args, env={**os.environ, "LOCALSPEC_LOG": "Debug"})
+    assert quiet.returncode == loud.returncode == 0, loud.stderr
+    assert "DEBUG " not in quiet.stderr and "DEBUG " in loud.stderr

@@ -154,6 +154,16 @@ def test_a_gpu_llama_cpp_lists_without_nvml_is_used_not_called_missing() -> None
     assert placement.summary.startswith("NVIDIA GeForce RTX 4070: 10.7 GB free")
 
 
+def test_a_bad_history_limit_fails_the_config_check() -> None:
+    """`run` refuses such a file; doctor must not say nothing blocks it."""
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('[history]\nmax_tokens = "x"\n', encoding="utf-8")
+    check = doctor.check_config()
+    assert check.status == "fail" and "max_tokens" in check.summary, check
+    assert str(path) in check.summary and check.fix and "config.toml" in check.fix
+
+
 def test_readme_install_command_is_the_doctors() -> None:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     block = re.search(r'^CMAKE_ARGS="-DGGML_CUDA=on" .*?(?<!\\)$', text, re.M | re.S)

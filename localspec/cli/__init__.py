@@ -31,6 +31,7 @@ _ENVIRONMENT_ERRNOS = frozenset({
 # Commands whose native crashes (llama.cpp dying by a signal) are reported by a supervising
 # parent process; the chat app and the server supervise their engine process themselves.
 GUARDED = ("run", "bench", "demo")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,8 +57,8 @@ def build_parser() -> tuple[Parser, list[str], dict[str, argparse.ArgumentParser
                     "app.",
     )
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("LOCALSPEC_LOG", "WARNING"),
-                        type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    parser.add_argument("--log-level", default=_log_level_from_env(parser),
+                        type=str.upper, choices=_LOG_LEVELS,
                         help="logging level for diagnostics on stderr (default WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     registered: list[str] = []
@@ -98,6 +99,16 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         setattr(args, key, value)
     args.command = argv[at]
     return args
+
+
+def _log_level_from_env(parser: Parser) -> str:
+    """``LOCALSPEC_LOG``, the default of ``--log-level``. argparse checks no default against
+    the choices, so a value it would refuse on the command line is refused here, in one line."""
+    value = os.environ.get("LOCALSPEC_LOG", "").strip() or "WARNING"
+    if value.upper() not in _LOG_LEVELS:
+        parser.error(f"LOCALSPEC_LOG must be one of {', '.join(_LOG_LEVELS).lower()}, "
+                     f"got {value!r}")
+    return value.upper()
 
 
 def _setup_logging(level: str) -> None:
