@@ -102,10 +102,13 @@ def settings_from_mapping(data: Mapping[str, Any], where: Callable[[str], str]) 
         p = PARAMS[key]
         if p.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if p.kind == "k" and isinstance(value, str) and value.lower() == "auto":
-            value = None
         try:
-            values[key] = p.check(value)
+            if isinstance(value, str) and p.kind not in ("str", "choice"):
+                # Text where a number or a switch goes ("auto", "", "4"): read as the same
+                # text typed on the command line or in the settings screen would be.
+                values[key] = p.parse(value)
+            else:
+                values[key] = p.check(value)
         except InvalidOptionError as exc:
             raise InvalidOptionError(f"{where(key)}: {exc.message}", key) from None
     return Settings(**values)

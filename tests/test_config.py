@@ -120,6 +120,32 @@ def test_settings_of_older_versions_are_read(tmp_path: Path) -> None:
     assert load_settings(path).draft_mode == "none"
 
 
+def test_text_values_read_as_the_command_line_reads_them(tmp_path: Path) -> None:
+    """`--threads ""` is automatic on the command line, and the error says "or empty for
+    automatic": config.toml reads the same text the same way."""
+    path = tmp_path / "config.toml"
+    path.write_text('[chat]\nthreads = ""\nseed = " 7 "\ngpu_layers = "auto"\nexact = "yes"\n')
+    s = load_settings(path)
+    assert (s.threads, s.seed, s.gpu_layers, s.exact) == (None, 7, None, True)
+    assert s == Settings(threads=PARAMS["threads"].parse(""), seed=PARAMS["seed"].parse(" 7 "),
+                         gpu_layers=PARAMS["gpu_layers"].parse("auto"),
+                         exact=PARAMS["exact"].parse("yes"))
+
+
+@pytest.mark.parametrize("order", [("gpu_layers_target", "gpu_layers"),
+                                   ("gpu_layers", "gpu_layers_target")])
+def test_an_old_name_beside_its_new_one_is_refused(tmp_path: Path,
+                                                   order: tuple[str, str]) -> None:
+    """Which of the two was meant cannot be told; taking the later one dropped the other."""
+    path = tmp_path / "config.toml"
+    path.write_text(f"[chat]\n{order[0]} = 5\n{order[1]} = 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    line = 2 if order[0] == "gpu_layers_target" else 3
+    assert err.value.message == (f"{path}, line {line}: gpu_layers_target is the old name of "
+                                 "gpu_layers, which is set too; keep one of them")
+
+
 def draft_settings(s: Settings, has_draft_model: bool):  # type: ignore[no-untyped-def]
     """What a request built from these settings drafts with (the one rule, in requests.py)."""
     return fit_draft(draft_from_settings(s), has_draft_model)
