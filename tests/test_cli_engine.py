@@ -170,6 +170,27 @@ def test_demo_builds_once_and_reports(capsys: pytest.CaptureFixture[str],
     assert (isolated_home / "cache" / "demo-models" / "demo-target.gguf").stat().st_mtime == mtime
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["--json", "--tui"], "--json prints the statistics for a program"),
+    (["--tui"], "the chat app needs a terminal"),  # run_cli's stdin is not one
+    (["-n", "40000"], "the demo generates at most 32640 tokens, not 40000"),
+])
+def test_demo_says_what_it_will_not_do_before_doing_anything(args: list[str], said: str,
+                                                             isolated_home: Path) -> None:
+    proc = run_cli("demo", *args)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("localspec: error: ") and said in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert not (isolated_home / "cache" / "demo-models").exists()  # nothing built, nothing run
+
+
+def test_demo_generates_every_token_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """Past its default context (2048) too: none is cut unsaid."""
+    assert main(["demo", "--json", "--no-tui", "-n", "2100"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["plain"]["completion_tokens"] == 2100
+
+
 def test_inspect_json_and_pair_check(target_gguf: Path, draft_gguf: Path,
                                      other_vocab_gguf: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from ..errors import LocalspecError
 from ..params import DEMO_MAX_TOKENS
 
 if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
@@ -13,6 +14,8 @@ if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
 
 DEMO_PROMPT = "the draft model proposes and the target model checks"
 DEMO_K = 4
+DEMO_PROMPT_ROOM = 128  # the chat-templated prompt (54 tokens), with room to spare
+DEMO_MAX_CONTEXT = 32768  # the tiny models' cache is small, but a demo is not a soak test
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,10 +44,23 @@ def run(args: argparse.Namespace) -> int:
     from ..models.tiny import build_demo_pair
     from ..paths import demo_models_dir
     from ..requests import ChatOptions, build_request, prompt_tokens
+    from ..tui import can_ask
 
+    # Said before the models are built and the three runs made, not after.
+    if args.json and args.tui:
+        raise LocalspecError("--json prints the statistics for a program to read; it does not "
+                             "open the chat app (drop --tui)")
+    if args.tui and not can_ask():
+        raise LocalspecError("the chat app needs a terminal (stdin and stderr on one); for "
+                             "the statistics alone: localspec demo --no-tui")
+    if args.max_tokens > DEMO_MAX_CONTEXT - DEMO_PROMPT_ROOM:
+        raise LocalspecError(f"the demo generates at most "
+                             f"{DEMO_MAX_CONTEXT - DEMO_PROMPT_ROOM} tokens, not "
+                             f"{args.max_tokens}")
     target, draft = build_demo_pair(demo_models_dir())
     repack.settle_before_measuring()
-    settings = ModelSettings(n_ctx=2048)
+    # A context that holds the prompt and every token asked for: none is cut unsaid.
+    settings = ModelSettings(n_ctx=max(2048, args.max_tokens + DEMO_PROMPT_ROOM))
     modes = {"target alone": DraftSettings(mode="none"), "auto": DraftSettings(mode="model"),
              f"fixed K={DEMO_K}": DraftSettings(mode="model", k=DEMO_K)}
     with SpeculativeEngine.load(target, draft, settings, settings) as engine:
