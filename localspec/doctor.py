@@ -506,7 +506,11 @@ def check_placement(build: LlamaBuild, nvml: ModuleType | None = None) -> Check:
                        draft_layers=plan[1].draft.n_gpu_layers if plan[1].draft else None,
                        gpu_bytes=plan[1].used_bytes, left_bytes=plan[1].left_bytes)
         status: Status = "ok" if plan[1].fits else "warn"
-        fix = None if plan[1].fits else "use a smaller --ctx or fewer --gpu-layers"
+        # The chat app's plan: its settings are config.toml's, not flags.
+        fix = None if plan[1].fits else (
+            "the chat app places it with config.toml's [chat] settings (F4 in the app): set a "
+            "smaller ctx, or draft_gpu_layers / gpu_layers to fewer layers (0: on the CPU); "
+            "`localspec run` takes the same as --ctx, --draft-gpu-layers, --gpu-layers")
         return Check("placement", status, f"{plan[0]}: {plan[1].describe()}", fix, details)
     if budget.free_bytes is None:
         return Check("placement", "info", f"no GPU ({budget.note}): every model runs on the CPU",

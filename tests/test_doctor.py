@@ -154,6 +154,24 @@ def test_a_gpu_llama_cpp_lists_without_nvml_is_used_not_called_missing() -> None
     assert placement.summary.startswith("NVIDIA GeForce RTX 4070: 10.7 GB free")
 
 
+def test_a_last_pair_that_does_not_fit_names_the_settings_it_is_placed_with(
+        target_gguf: Path, draft_gguf: Path) -> None:
+    """The chat app's last pair is placed with config.toml's settings (there are no flags to
+    give it); a fake NVML stands in for a GPU too small for even the draft's context."""
+    from localspec.config import save_settings
+    from localspec.models.catalogue import add_user_pair
+    from localspec.options import Settings
+
+    add_user_pair("mine", str(target_gguf), str(draft_gguf))
+    save_settings(Settings(last_pair="mine", ctx=131072))
+    build = doctor.LlamaBuild(LLAMA_VERSION, True, gpu_backends=("CUDA",), gpu_offload=True,
+                              devices=(Device("small GPU", 700 * 1024**2, 1024**3),))
+    check = doctor.check_placement(build, nvml=make_fake_pynvml(driver=False))
+    assert check.status == "warn" and check.summary.startswith("mine: small GPU: ")
+    assert check.fix is not None and "config.toml's [chat]" in check.fix
+    assert "smaller ctx" in check.fix and "draft_gpu_layers" in check.fix
+
+
 def test_a_bad_history_limit_fails_the_config_check() -> None:
     """`run` refuses such a file; doctor must not say nothing blocks it."""
     path = config_path()
