@@ -43,6 +43,7 @@ from localspec.engine import (  # noqa: E402
 from localspec.engine.llama_devices import offload_devices  # noqa: E402
 from localspec.engine.llama_dry_run import Buffers, dry_run, llama_log_lines, parse_buffers  # noqa: E402
 from localspec.engine.placement import (  # noqa: E402
+    ENGINE_SEQUENCES,
     GpuBudget,
     ModelMemory,
     ModelPlacement,
@@ -254,7 +255,7 @@ class Check:
             m = ModelMemory.from_gguf(path, label)
             slots = m.n_layer + 1
             for k in sorted({0, 1, slots // 2, slots - 1, slots}):
-                b = dry_run(path, k, CTX)
+                b = dry_run(path, k, CTX, branches=ENGINE_SEQUENCES - 1)  # as the engine
                 est = place_model(m, k, CTX)
                 dev = gpu_device(b)
                 gpu_slots = sorted(i for i, d in b.layer_devices.items() if d.startswith("CUDA"))

@@ -17,7 +17,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from localspec.engine.decoder import TREE_BRANCHES
 from localspec.engine.placement import (
+    ENGINE_SEQUENCES,
     GpuBudget,
     ModelMemory,
     allocation_error_line,
@@ -210,12 +212,16 @@ def h_kv(s: Shape, ctx: int) -> int:
 
 def h_compute(s: Shape, ctx: int, copy: int, attention: bool = True) -> int:
     """The compute buffer: the mask plus the largest phase (attention scores, feed-forward,
-    logits) for 512 tokens, the largest CPU weight copied in, and 1 MiB of small inputs."""
+    logits) for 512 tokens, the largest CPU weight copied in, and 1 MiB of small inputs. The
+    engine's context holds 33 sequences (the main one and 32 tree branches): a second mask,
+    4 bytes per cache cell and sequence, and a mask-sized temporary in the attention."""
     t, n_kv = min(512, ctx), -(-ctx // 256) * 256
-    attn = (n_kv * t * s.n_head + (5 * s.n_embd + 4 * s.kv_width) * t) * 4 if attention else 0
+    attn = (n_kv * t * (s.n_head + 1) + (5 * s.n_embd + 4 * s.kv_width) * t) * 4 if attention \
+        else 0
     ffn = (3 * s.n_ff + 5 * s.n_embd + 2 * s.kv_width) * t * 4
     out = (s.n_vocab + 2 * s.n_embd) * t * 4
-    return n_kv * t * 4 + max(attn, ffn, out) + copy + MIB
+    masks = n_kv * t * 4 + n_kv * (t + 33) * 4
+    return masks + max(attn, ffn, out) + copy + MIB
 
 
 def h_cpu_copy(s: Shape) -> int:
@@ -403,19 +409,27 @@ def test_a_failed_allocation_is_one_line_with_what_was_asked_and_free(header: He
     assert "--gpu-layers 0 (the CPU)" in allocation_error_line(m, -1, CTX, 256 * MIB)
 
 
+def test_the_estimate_counts_the_engines_sequences() -> None:
+    assert ENGINE_SEQUENCES == 1 + TREE_BRANCHES
+
+
+@pytest.mark.parametrize("branches", [0, TREE_BRANCHES], ids=["one-sequence", "engine"])
 @pytest.mark.parametrize(("shape", "ctx", "batch"), [
-    (LLAMA_1B, 256, 512), (LLAMA_1B, 4096, 512), (LLAMA_1B, 8192, 512),
-    (LLAMA_8B, 512, 512), (LLAMA_8B, 4096, 2048),
+    (LLAMA_1B, 256, 512), (LLAMA_1B, 4096, 512), (LLAMA_1B, 8192, 512), (LLAMA_1B, 32768, 512),
+    (LLAMA_8B, 512, 512), (LLAMA_8B, 4096, 2048), (LLAMA_8B, 16384, 512),
+    (LLAMA_70B, 4096, 512), (LLAMA_70B, 32768, 512),
 ])
 def test_estimates_match_llama_cpps_own_dry_run(header: Header, shape: Shape, ctx: int,
-                                                batch: int) -> None:
-    """llama.cpp's dry run on the CPU (everything there, as on a GPU fully offloaded): the
-    compute estimate is an upper bound of its compute buffer within 20%, the KV cache exact."""
+                                                batch: int, branches: int) -> None:
+    """llama.cpp's dry run on the CPU (everything there, as on a GPU fully offloaded), as the
+    engine makes its contexts (a unified cache for the tree branches) and with one sequence:
+    the compute estimate is an upper bound of its compute buffer within 20%, the KV cache
+    exact."""
     from localspec.engine.llama_dry_run import dry_run
 
     m = memory(header, shape)
-    run = dry_run(header(shape), 0, ctx, n_batch=batch)
-    estimate = compute_buffer_bytes(m, ctx, batch, attention=True)
+    run = dry_run(header(shape), 0, ctx, n_batch=batch, branches=branches)
+    estimate = compute_buffer_bytes(m, ctx, batch, attention=True, sequences=1 + branches)
     assert 1.0 <= estimate / run.compute_bytes["CPU"] < 1.2
     assert run.kv_cells == -(-ctx // 256) * 256
     assert abs(run.kv_bytes - sum(m.kv_bytes(i, ctx) for i in range(m.n_layer))) < 8 * 1024

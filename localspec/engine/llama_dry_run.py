@@ -89,9 +89,11 @@ def llama_log_lines() -> Iterator[list[str]]:
 
 
 def dry_run(path: str | Path, n_gpu_layers: int, n_ctx: int, *, n_batch: int = 512,
-            flash_attn: bool = False, extra_bufts: bool = False) -> Buffers:
-    """Dry-run loading ``path`` as the engine loads it (``LlamaRunner``: one sequence, the
-    micro-batch equal to the batch). Raises ModelLoadError when llama.cpp refuses."""
+            flash_attn: bool = False, extra_bufts: bool = False, branches: int = 0) -> Buffers:
+    """Dry-run loading ``path`` as ``LlamaRunner`` loads it: the micro-batch equal to the
+    batch, and with ``branches`` (the engine's runners have ``TREE_BRANCHES``) one unified
+    cache for that many sequences besides the main one. Raises ModelLoadError when llama.cpp
+    refuses."""
     import llama_cpp as lib  # deferred: loads llama.cpp's shared library
 
     params = lib.llama_model_default_params()
@@ -109,7 +111,8 @@ def dry_run(path: str | Path, n_gpu_layers: int, n_ctx: int, *, n_batch: int = 5
             cparams.n_ctx = n_ctx
             cparams.n_batch = n_batch
             cparams.n_ubatch = n_batch
-            cparams.n_seq_max = 1
+            cparams.n_seq_max = 1 + branches
+            cparams.kv_unified = branches > 0
             cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                        else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
             ctx = lib.llama_init_from_model(model, cparams)

@@ -46,6 +46,9 @@ MARGIN_FRACTION = 0.05
 CTX_PAD = 256
 KV_BYTES_PER_VALUE = 2  # f16 K and V, llama.cpp's default cache type
 _F32 = 4
+# The sequences of the engine's contexts: the main one and decoder.TREE_BRANCHES tree branches
+# (tests/test_placement.py keeps the two equal; the engine is not imported here).
+ENGINE_SEQUENCES = 33
 _SMALL_INPUTS = MIB  # the graph's other inputs (positions, output ids): well under a MiB
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 # Tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU.
@@ -169,7 +172,8 @@ def _per_layer(meta: dict[str, Any], key: str, n_layer: int, default: list[int])
 
 
 def compute_buffer_bytes(m: ModelMemory, n_ctx: int, n_batch: int, *, attention: bool,
-                         weight_copy: int = 0, flash_attn: bool = False) -> int:
+                         weight_copy: int = 0, flash_attn: bool = False,
+                         sequences: int = ENGINE_SEQUENCES) -> int:
     """The GPU compute buffer of one context: llama.cpp's worst-case graph for one micro-batch
     of ``t = min(n_batch, n_ctx)`` tokens against the whole (padded) cache of ``n_kv`` tokens.
 
@@ -190,11 +194,19 @@ def compute_buffer_bytes(m: ModelMemory, n_ctx: int, n_batch: int, *, attention:
     up to 17% over for small contexts without grouped-query attention. The test suite checks
     them against real llama.cpp again. ``weight_copy`` is the largest weight
     left on the CPU, which a batched pass copies into this buffer.
+
+    A context for several ``sequences`` (the engine's: one unified cache for the main sequence
+    and every tree branch) holds a second mask, plus about 4 bytes per cache cell and sequence,
+    and its attention one more mask-sized temporary. Measured in dry runs at 4096 to 32768
+    tokens (batches of 512 and 2048) against one sequence: 1B and 8B shapes grew by one mask
+    and 1–4 MiB, a 70B shape, whose peak is the attention, by two masks and 3–4 MiB.
     """
     n_kv = _pad(n_ctx)
     t = min(n_batch, n_ctx)
-    mask = n_kv * t * _F32
-    scores = 0 if flash_attn else n_kv * t * m.n_head * _F32
+    several = sequences > 1
+    mask = n_kv * t * _F32 + (n_kv * (t + sequences) * _F32 if several else 0)
+    scores = (0 if flash_attn else n_kv * t * m.n_head * _F32) + (n_kv * t * _F32 if several
+                                                                    else 0)
     attn = scores + (5 * m.n_embd + 2 * m.max_kv_values_per_token) * t * _F32 if attention else 0
     ffn = (3 * m.n_ff + 5 * m.n_embd + m.max_kv_values_per_token) * t * _F32
     out = (m.n_vocab + 2 * m.n_embd) * t * _F32
