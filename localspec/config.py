@@ -120,7 +120,7 @@ def load_settings(path: Path | None = None) -> Settings:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no setting
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (it is not UTF-8); fix or delete it") from None
     try:
@@ -166,7 +166,8 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
              for k, v in dataclasses.asdict(settings).items()
              if v is not None or PARAMS[k].kind == "k"}
     try:
-        text = path.read_bytes().decode("utf-8")  # bytes: its line endings kept as written
+        # bytes: its line endings kept as written; a byte-order mark is dropped
+        text = path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
         text = ""
     except (OSError, UnicodeDecodeError) as exc:

@@ -60,7 +60,7 @@ def load_config(path: Path | None = None) -> HistoryConfig:
 
     path = path or config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
         table = tomllib.loads(text).get("history", {})
     except FileNotFoundError:
         return HistoryConfig()

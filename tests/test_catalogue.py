@@ -102,6 +102,14 @@ def test_malformed_user_file(text: str, match: str) -> None:
     assert str(path) in str(info.value)
 
 
+def test_a_byte_order_mark_in_the_user_file_is_read_past() -> None:
+    path = user_pairs_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes('\ufeff[[pair]]\nname = "mine"\ntarget = "a:1"\ndraft = "b:1"\n'
+                     .encode("utf-8"))
+    assert load_pairs()["mine"].target == "a:1"
+
+
 def test_pair_status(store: Path, target_gguf: Path, draft_gguf: Path,
                      other_vocab_gguf: Path) -> None:
     install_gguf(store, "tiny:big", target_gguf)

@@ -146,6 +146,20 @@ def test_an_old_name_beside_its_new_one_is_refused(tmp_path: Path,
                                  "gpu_layers, which is set too; keep one of them")
 
 
+def test_a_byte_order_mark_is_no_setting(tmp_path: Path) -> None:
+    """Windows editors start UTF-8 files with one; TOML then fails at line 1, column 1, and
+    the [history] limits were silently the defaults."""
+    from localspec import history
+
+    path = tmp_path / "config.toml"
+    path.write_bytes("\ufeff[chat]\nseed = 7\n\n[history]\nmax_bytes = 4194304\n"
+                     .encode("utf-8"))
+    assert load_settings(path).seed == 7
+    assert history.load_config(path).max_bytes == 4194304
+    save_settings(Settings(seed=8), path)
+    assert load_settings(path).seed == 8 and history.load_config(path).max_bytes == 4194304
+
+
 def draft_settings(s: Settings, has_draft_model: bool):  # type: ignore[no-untyped-def]
     """What a request built from these settings drafts with (the one rule, in requests.py)."""
     return fit_draft(draft_from_settings(s), has_draft_model)

@@ -180,7 +180,7 @@ def shipped_pairs() -> dict[str, Pair]:
 def _read_user_file(path: Path) -> str | None:
     """The user's pair file as written (its line endings kept); None when there is none."""
     try:
-        return path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8-sig")  # a byte-order mark is no TOML
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
