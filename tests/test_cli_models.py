@@ -90,6 +90,22 @@ def test_pair_add_and_remove(tiny_pair: None, capsys: pytest.CaptureFixture[str]
     assert main(["pair", "remove", "mine"]) == 1
 
 
+def test_list_says_why_a_pair_is_not_compatible(target_gguf: Path, other_vocab_gguf: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = user_pairs_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[[pair]]\nname = "odd"\ntarget = "{target_gguf}"\n'
+                    f'draft = "{other_vocab_gguf}"\n')
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("odd "))
+    assert " NO " in row
+    why = next(line for line in out.splitlines() if line.startswith("odd: not compatible: "))
+    assert main(["list", "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["pairs"]
+    assert why.endswith("; ".join(next(p for p in problems if p["name"] == "odd")["problems"]))
+
+
 def test_pair_add_refuses_incompatible(tiny_pair: None,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pair", "add", "bad", "--target", "tiny:big", "--draft", "other:1b"]) == 1

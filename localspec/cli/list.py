@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     rows = [[p["name"], p["target"] + _absence(p, "target"), p["draft"] + _absence(p, "draft"),
              p["draft_mode"], _compat(p["compatible"]), p["source"]] for p in pairs]
     print(table(rows, ["PAIR", "TARGET", "DRAFT", "MODE", "COMPATIBLE", "SOURCE"]))
+    for p in pairs:  # a NO says why, as --json does
+        if p["compatible"] is False and p["problems"]:
+            print(f"{p['name']}: not compatible: {'; '.join(p['problems'])}")
     print()
     if not models:
         print("no local models (localspec pull NAME|PAIR)")
