@@ -30,9 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "chat message through the target's chat template (--raw for "
                                    "plain completion); it may also come on stdin, and text "
                                    "piped in beside the prompt's words goes before them. With "
-                                   "a pair "
-                                   "and no prompt on a terminal, opens the chat app. Settings "
-                                   "not given as options come from config.toml.")
+                                   "a pair and no prompt on a terminal, opens the chat app. "
+                                   "Settings not given as options come from config.toml's "
+                                   "[chat], whose values replace the defaults shown here (and a "
+                                   "pair's draft mode replaces the default mode).")
     p.add_argument("words", nargs="*", metavar="[PAIR|MODEL] PROMPT",
                    help="a pair name, or one model (then drafted by prompt lookup), unless "
                         "--target is given; then the prompt")

@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve the pair over an OpenAI-compatible HTTP API",
                        description="Loads the pair once and answers /v1/chat/completions, "
                                    "/v1/completions and /v1/models (streaming or not), plus "
-                                   "/health and /metrics. Requests queue for the one engine.")
+                                   "/health and /metrics. Requests queue for the one engine. "
+                                   "Settings not given as options come from config.toml's "
+                                   "[chat], whose values replace the defaults shown here.")
     p.add_argument("pair", nargs="?", help="pair name (or use --target/--draft)")
     add_model_options(p)
     add_draft_options(p)
