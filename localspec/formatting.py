@@ -1,6 +1,9 @@
-"""Numbers as people read them, the same in the CLI and the chat app."""
+"""Numbers as people read them, the same in the CLI and the chat app; text from files as a
+terminal can show it."""
 
 from __future__ import annotations
+
+import unicodedata
 
 
 def human_bytes(n: int | float | None, missing: str = "-") -> str:
@@ -23,3 +26,14 @@ def human_count(n: int | None, missing: str = "-") -> str:
         if n >= div:
             return f"{n / div:.1f}{unit}"
     return str(n)
+
+
+def printable(text: str) -> str:
+    """``text`` with control and format characters escaped (``\\n``, ``\\x1b``, ``\\u202e``):
+    a string from a model file or from llama.cpp, said in one line, can neither break the
+    line, nor drive the terminal, nor reorder what follows it."""
+    if text.isprintable():
+        return text
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
+                   for ch in text)

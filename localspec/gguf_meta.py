@@ -44,7 +44,7 @@ NON_TEXT_ARCHITECTURES = {"clip", "mmproj", "bert", "nomic-bert", "jina-bert-v2"
 # Weight types llama.cpp never repacks (see engine/repack.py): everything else is quantized.
 UNQUANTIZED_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
 # Bumped whenever GGUFInfo or the validation changes: older cache entries are then ignored.
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 # llama.cpp's limits (src/llama-hparams.h, llama-cpp-python 0.3.36): past them, and on the other
 # rules _check_hparams applies, llama_model_base::load_hparams or the graph builder fails a
@@ -55,6 +55,36 @@ LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 # Architectures for which llama.cpp turns an expert count of 0 or 1 into "no experts".
 _EXPERTS_OPTIONAL = {"hunyuan-dense", "hunyuan_vl"}
+# Architectures whose graph builder asserts that the RoPE dimension is the head size
+# (an uncommented GGML_ASSERT(n_embd_head == n_rot) in src/models/*.cpp of llama-cpp-python
+# 0.3.36's llama.cpp); others rotate part of each head.
+_ROPE_IS_HEAD = frozenset({
+    "apertus", "arcee", "arctic", "baichuan", "chameleon", "codeshell", "cogvlm", "cohere2moe",
+    "dbrx", "deci", "deepseek", "dots1", "dream", "ernie4_5", "ernie4_5-moe", "exaone",
+    "exaone-moe", "exaone4", "falcon", "granite", "granite_swa", "graniteswitch", "grok",
+    "grovemoe", "hunyuan-moe", "hunyuan_vl", "hy_v3", "internlm2", "jais2", "llada",
+    "llada-moe", "llama", "llama4", "maincoder", "mellum", "mistral3", "olmo", "olmo2", "olmoe",
+    "orion", "paddleocr", "pangu-embedded", "plamo", "pockettts", "qwen2", "qwen2moe",
+    "qwen2vl", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "rnd1", "seed_oss", "smallthinker",
+    "smollm3", "starcoder2", "talkie", "xverse"})
+# Architectures whose graph builder asserts that keys and values have the same head size
+# (GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()) and the like), as well as those above.
+_KEY_IS_VALUE = _ROPE_IS_HEAD | frozenset({
+    "afmoe", "bailingmoe2", "bert", "bitnet", "bloom", "chatglm", "cohere2", "command-r",
+    "dflash", "eagle3", "eurobert", "glm4", "glm4moe", "gpt2", "gptneox", "granitehybrid",
+    "jais", "laguna", "maple", "minimax-01", "minimax-m2", "minimax-m3", "modern-bert", "mpt",
+    "muse-glimmer", "nanbeige", "nemotron", "nemotron_h", "neo-bert", "openelm", "phi2", "phi3",
+    "qwen", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "refact", "spark2_5", "stablelm",
+    "starcoder", "t5"})
+# llama.cpp's add_bos / add_eos where the file has no key (llama-vocab.cpp), by tokenizer
+# model; BPE vocabularies (gpt2 and its kin) add BOS for these pre-tokenizers alone.
+_BPE_MODELS = frozenset({"gpt2", "hybriddna", "whitespace", "gemma4"})
+_ADDS_BOS = {"llama": True, "bert": True, "t5": False, "rwkv": False}
+_ADDS_EOS = {"t5": True}
+_BPE_PRE_ADDING_BOS = frozenset({
+    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+    "jina-v5-nano", "tekken", "chameleon"})
+_BPE_PRE_FORCING_BOS = frozenset({"gemma4", "granite-embed-multi-311m"})  # even if set false
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,13 +451,25 @@ def _int(value: Any) -> int | None:
 def _largest(value: Any) -> int | None:
     """Head counts are per-layer arrays in some architectures; the largest bounds the cache."""
     if isinstance(value, list):
-        return max((int(v) for v in value), default=None)
+        return max((v for v in value if _int(v) is not None), default=None)
     return _int(value)
 
 
-def _default_add_bos(tokenizer_model: str | None) -> bool:
-    # llama.cpp's defaults when the key is absent: SPM-style vocabularies add BOS, BPE ones do not.
-    return tokenizer_model in {"llama", "t5"}
+def _adds_bos(tokenizer_model: str, pre: Any, key: Any) -> bool:
+    """Whether llama.cpp adds BOS: the file's key if set, else its default for the
+    vocabulary; a Gemma 4 pre-tokenizer overrides a key that says no."""
+    bpe = tokenizer_model in _BPE_MODELS
+    if isinstance(key, bool):
+        bos = key
+    elif bpe:
+        bos = pre in _BPE_PRE_ADDING_BOS
+    else:
+        bos = _ADDS_BOS.get(tokenizer_model, False)
+    return bos or (bpe and pre in _BPE_PRE_FORCING_BOS)
+
+
+def _adds_eos(tokenizer_model: str, key: Any) -> bool:
+    return key if isinstance(key, bool) else _ADDS_EOS.get(tokenizer_model, False)
 
 
 def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -> GGUFInfo:
@@ -442,6 +484,11 @@ def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tok_model, str) or not isinstance(tokens, _ArrayInfo):
         raise GGUFError(f"{path}: no tokenizer in its metadata; localspec cannot run it")
+    if tok_model == "bert":
+        # llama.cpp aborts on a byte token of a WordPiece vocabulary, and no text generator
+        # uses one: it is an encoder's (BERT's) tokenizer.
+        raise GGUFError(f"{path}: a BERT (WordPiece) vocabulary, an encoder's tokenizer; "
+                        "localspec runs text generators")
     _check_hparams(path, meta, arch)
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     add_eos = meta.get("tokenizer.ggml.add_eos_token")
@@ -462,8 +509,8 @@ def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -
         vocab_size=tokens.count,
         bos_token_id=_int(meta.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_int(meta.get("tokenizer.ggml.eos_token_id")),
-        add_bos_token=bool(add_bos) if add_bos is not None else _default_add_bos(tok_model),
-        add_eos_token=bool(add_eos) if add_eos is not None else False,
+        add_bos_token=_adds_bos(tok_model, pre, add_bos),
+        add_eos_token=_adds_eos(tok_model, add_eos),
         has_chat_template="tokenizer.chat_template" in meta,
         head_count=_largest(meta.get(f"{arch}.attention.head_count")),
         head_count_kv=_largest(meta.get(f"{arch}.attention.head_count_kv")),
@@ -537,6 +584,10 @@ def _check_heads(meta: dict[str, Any], arch: str, n_layer: int) -> None:
     """Head counts that divide the dimensions they split: llama.cpp derives the head size by
     integer division and the grouped-query attention assumes whole groups."""
     keys = (f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv")
+    for key in keys:
+        value = meta.get(key)
+        if isinstance(value, list) and any(_int(v) is None for v in value):
+            raise _BadHparam(f"{key} holds {_kind_of(value)}; head counts are whole numbers")
     n_head = _per_layer(meta, keys[0], n_layer, [])
     n_head_kv = _per_layer(meta, keys[1], n_layer, n_head)
     if any(h < 0 for h in n_head + n_head_kv):
@@ -553,6 +604,28 @@ def _check_heads(meta: dict[str, Any], arch: str, n_layer: int) -> None:
             and n_embd % first:
         raise _BadHparam(f"{arch}.attention.head_count {first} does not divide "
                          f"embedding_length {n_embd} (and no key_length says the head size)")
+    _check_head_sizes(meta, arch, n_embd // first if first and n_embd else None)
+
+
+def _check_head_sizes(meta: dict[str, Any], arch: str, default: int | None) -> None:
+    """The head sizes the architecture's graph asserts equal: keys' and values' (key_length,
+    value_length; both default to embedding_length / head_count), and the RoPE dimension
+    (rope.dimension_count, default the key size)."""
+    k_key, v_key = f"{arch}.attention.key_length", f"{arch}.attention.value_length"
+    head_k, head_v = _count(meta, k_key, default), _count(meta, v_key, default)
+    rot_key = f"{arch}.rope.dimension_count"
+    n_rot = _count(meta, rot_key, head_k)
+    if arch in _KEY_IS_VALUE and head_k and head_v and head_k != head_v:
+        raise _BadHparam(f"{k_key} {head_k} and {v_key} {head_v} differ; llama.cpp's {arch} "
+                         "needs one head size")
+    if arch in _ROPE_IS_HEAD and head_v and n_rot is not None and n_rot != head_v:
+        raise _BadHparam(f"{rot_key} is {n_rot}, not the head size {head_v}; llama.cpp's "
+                         f"{arch} rotates whole heads")
+
+
+def _kind_of(value: list[Any]) -> str:
+    odd = next(v for v in value if _int(v) is None)
+    return f"{type(odd).__name__} values such as {odd!r}"
 
 
 def _check_floats(meta: dict[str, Any], arch: str) -> None:

@@ -34,9 +34,21 @@ BAD = {
                         "head_count_kv 3 does not divide head_count 4"),
     "heads-3-of-64": (TinyModelSpec(n_head=3, n_head_kv=3),
                       "head_count 3 does not divide embedding_length 64"),
+    "qwen2-rope-8-of-16": (TinyModelSpec(architecture="qwen2", metadata=(
+        ("qwen2.rope.dimension_count", 8),)),
+        "qwen2.rope.dimension_count is 8, not the head size 16"),
+    "values-8-keys-16": (TinyModelSpec(metadata=(("llama.attention.key_length", 16),
+                                                 ("llama.attention.value_length", 8))),
+                         "key_length 16 and llama.attention.value_length 8 differ"),
+    "heads-inf": (TinyModelSpec(metadata=(("llama.attention.head_count",
+                                           (float("inf"), float("inf"))),)),
+                  "head_count holds float values such as inf"),
+    "wordpiece-vocab": (TinyModelSpec(metadata=(("tokenizer.ggml.model", "bert"),)),
+                        "a BERT (WordPiece) vocabulary"),
 }
 # The ones llama.cpp 0.3.36 answers with SIGABRT (3 heads of a 64-wide model is a load error).
-ABORTS = ("layers-1e6", "layers-513", "experts-1e5", "eps-nan", "kv-heads-3-of-4")
+ABORTS = ("layers-1e6", "layers-513", "experts-1e5", "eps-nan", "kv-heads-3-of-4",
+          "qwen2-rope-8-of-16", "wordpiece-vocab")
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +81,12 @@ def test_a_valid_file_with_these_keys_in_range_passes(tmp_path: Path) -> None:
         ("llama.block_count", 2), ("llama.attention.layer_norm_rms_epsilon", 1e-6),
         ("llama.rope.scaling.type", "linear"))))
     assert gguf_meta.read_gguf_info(ok).block_count == 2
+    # Whole-head RoPE where the graph asserts it; part of each head where it does not.
+    qwen2 = write_tiny_model(tmp_path / "qwen2.gguf", TinyModelSpec(architecture="qwen2"))
+    assert gguf_meta.read_gguf_info(qwen2).architecture == "qwen2"
+    partial = write_tiny_model(tmp_path / "stablelm.gguf", TinyModelSpec(
+        architecture="stablelm", metadata=(("stablelm.rope.dimension_count", 4),)))
+    assert gguf_meta.read_gguf_info(partial).architecture == "stablelm"
 
 
 @pytest.mark.parametrize("name", ABORTS)
@@ -110,6 +128,25 @@ def test_inspect_run_and_pair_add_refuse_them_in_one_line(bad_files: dict[str, P
         assert BAD[name][1] in _one_error_line(proc.stderr), what
     listed = run_cli("list")
     assert "bad" not in listed.stdout.split()  # pair add saved nothing
+
+
+def test_strings_from_a_file_cannot_break_the_line_or_drive_the_terminal(tmp_path: Path) -> None:
+    """An architecture or a name with a newline could forge a second line of output
+    ("localspec: ok"), an escape sequence could drive the terminal: both are shown escaped,
+    in errors (ours and llama.cpp's) and in inspect's table."""
+    forged = "evil\nlocalspec: ok \x1b[2J"
+    bad = write_tiny_model(tmp_path / "bad.gguf", TinyModelSpec(
+        architecture=forged, metadata=((f"{forged}.block_count", 600),)))
+    unknown = write_tiny_model(tmp_path / "unknown.gguf", TinyModelSpec(architecture=forged))
+    for path in (bad, unknown):
+        proc = run_cli("run", "--target", str(path), "--draft-mode", "none", "-n", "2", "hi")
+        line = _one_error_line(proc.stderr)
+        assert "evil\\nlocalspec: ok \\x1b[2J" in line and "\x1b" not in line
+    named = write_tiny_model(tmp_path / "named.gguf", TinyModelSpec(name=forged))
+    shown = run_cli("inspect", str(named))
+    assert shown.returncode == 0
+    assert "name            evil\\nlocalspec: ok \\x1b[2J\n" in shown.stdout
+    assert "\x1b" not in shown.stdout
 
 
 # -- what still fails in a guarded command -------------------------------------------------------

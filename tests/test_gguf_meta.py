@@ -126,3 +126,39 @@ def test_tiny_model_writer_is_deterministic(tmp_path: Path) -> None:
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
     assert not list(tmp_path.glob("*.part"))
+
+
+_BPE = (("tokenizer.ggml.model", "gpt2"), ("tokenizer.ggml.merges", ("a b",)))
+_NO_KEYS = (("tokenizer.ggml.add_bos_token", None), ("tokenizer.ggml.add_eos_token", None))
+
+
+@pytest.mark.parametrize("metadata", [
+    _NO_KEYS,  # SentencePiece: BOS
+    (*_BPE, ("tokenizer.ggml.pre", "llama-bpe"), *_NO_KEYS),  # Llama 3: BOS though BPE
+    (*_BPE, ("tokenizer.ggml.pre", "qwen2"), *_NO_KEYS),  # most BPE: none
+    (*_BPE, ("tokenizer.ggml.pre", "gemma4"), ("tokenizer.ggml.add_bos_token", False)),
+    (("tokenizer.ggml.model", "t5"), *_NO_KEYS),  # Unigram: EOS, not BOS
+    (*_BPE, ("tokenizer.ggml.pre", "qwen2"), ("tokenizer.ggml.add_bos_token", True),
+     ("tokenizer.ggml.add_eos_token", True)),  # the keys, where given
+], ids=["spm", "llama3-bpe", "qwen2-bpe", "gemma4-forced", "t5", "keys"])
+def test_bos_and_eos_are_added_as_llama_cpp_adds_them(tmp_path: Path,
+                                                      metadata: tuple[object, ...]) -> None:
+    """Where the file has no add_bos/add_eos key llama.cpp decides by the vocabulary: the pair
+    rule compares these, so a wrong default refuses a good pair (one file with the key, one
+    without) and `inspect` shows the wrong thing."""
+    import llama_cpp
+
+    path = write_tiny_model(tmp_path / "m.gguf", TinyModelSpec(metadata=metadata))  # type: ignore[arg-type]
+    info = read_gguf_info(path)
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    assert model, "llama.cpp refused the file"
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        ours = (info.add_bos_token, info.add_eos_token)
+        assert ours == (llama_cpp.llama_vocab_get_add_bos(vocab),
+                        llama_cpp.llama_vocab_get_add_eos(vocab))
+    finally:
+        llama_cpp.llama_model_free(model)

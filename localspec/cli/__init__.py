@@ -138,10 +138,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except LocalspecError as exc:
-        print(f"localspec: error: {exc.message}", file=sys.stderr)
+        _error(exc.message)
         return int(getattr(exc, "exit_code", 1))
     except ValueError as exc:  # parameter validation in the library
-        print(f"localspec: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     except KeyboardInterrupt:
         print("localspec: interrupted", file=sys.stderr)
@@ -154,8 +154,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         line = environment_error(exc)
         if line is None:
             raise  # a bug: the guard, or Python, shows it with its traceback
-        print(f"localspec: error: {line}", file=sys.stderr)
+        _error(line)
         return 1
+
+
+def _error(message: str) -> None:
+    """One line, whatever a model file or llama.cpp put into the message (a newline, a
+    terminal escape)."""
+    from ..formatting import printable
+
+    print(f"localspec: error: {printable(message)}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

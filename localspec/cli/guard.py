@@ -41,6 +41,7 @@ from typing import TextIO
 
 from .. import paths
 from ..engine import activity
+from ..formatting import printable
 from ..signals import signal_name
 
 LOG_NAME = "cli.log"
@@ -75,7 +76,7 @@ def crash_line(signum: int, what: activity.Activity | None, reason: str | None =
                 "in use?)"
     else:
         cause = f"crashed in native code ({name}, signal {signum})"
-    said = f" ({reason})" if reason else ""
+    said = f" ({printable(reason)})" if reason else ""
     details = f"; details in {log}" if log is not None else ""
     return (f"localspec: error: llama.cpp {cause}{doing}{said}{details}; run `localspec doctor` "
             "to check this machine and include its output in a bug report")
@@ -141,7 +142,7 @@ def _unexpected(exc: BaseException, log: TextIO | None) -> int:
 
     said = environment_error(exc)
     if said is not None:
-        print(f"localspec: error: {said}", file=sys.stderr)
+        print(f"localspec: error: {printable(said)}", file=sys.stderr)
         return 1
     where = "no log: the cache folder is not writable"
     if log is not None:
@@ -153,7 +154,7 @@ def _unexpected(exc: BaseException, log: TextIO | None) -> int:
         except OSError:
             pass
     text = str(exc).strip().splitlines()
-    detail = f": {text[0]}" if text else ""
+    detail = f": {printable(text[0])}" if text else ""
     print(f"localspec: error: unexpected {type(exc).__name__}{detail} ({where}; please report "
           "it)", file=sys.stderr)
     return 1
@@ -343,8 +344,8 @@ def _wait(pid: int, board: activity.Board, last_words: _LastWords,
     if signum == signal.SIGBUS:
         problem = _changed_file(what)
         if problem is not None:  # the file's fault, not llama.cpp's: a bad-file error
-            print(f"localspec: error: {problem}; it changed while llama.cpp was reading it",
-                  file=sys.stderr, flush=True)
+            print(f"localspec: error: {printable(problem)}; it changed while llama.cpp was "
+                  "reading it", file=sys.stderr, flush=True)
             return 1
     log = log_path()
     print(crash_line(signum, what, last_words.read(), log if log.exists() else None),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..formatting import human_bytes, human_count
+from ..formatting import human_bytes, human_count, printable
 from ..gguf_meta import GGUFInfo, pair_report, read_gguf_info
 from ..models.names import resolve_model
 
@@ -35,7 +35,7 @@ def _lines(info: GGUFInfo) -> list[str]:
         ("EOS", f"{info.eos_token_id} (added: {info.add_eos_token})"),
         ("chat template", "yes" if info.has_chat_template else "no"),
     ]
-    return [f"{k:<15} {v}" for k, v in rows]
+    return [f"{k:<15} {printable(v)}" for k, v in rows]  # names and strings from the file
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
         if report is not None:
             verdict = "compatible" if report.compatible else "NOT compatible: " + "; ".join(
                 report.problems)
-            print(f"{'pair':<15} draft {args.draft}: {verdict}")
+            print(f"{'pair':<15} draft {args.draft}: {printable(verdict)}")
     return 0 if report is None or report.compatible else 1

@@ -26,6 +26,9 @@ CHAT_TEMPLATE = (
 )
 
 
+MetadataValue = bool | int | float | str | tuple[int | float | str, ...] | None
+
+
 @dataclass(frozen=True, slots=True)
 class TinyModelSpec:
     """Shape and seed of a tiny model. ``keep_layers`` makes a shallow copy of a deeper model."""
@@ -47,10 +50,13 @@ class TinyModelSpec:
     # Scale of the control tokens' output rows: 0 makes EOS practically never chosen greedily.
     eos_scale: float = 0.0
     name: str = "tiny"
+    # The architecture the file names (its keys are prefixed with it); the tensors stay llama's.
+    architecture: str = "llama"
     # Metadata keys set after (and over) the ones written from the fields above, to craft files
     # with unusual or impossible hyperparameters: ints are written as u32 (as GGUF counts are;
-    # negative ones as i32), floats as f32, strings as strings.
-    metadata: tuple[tuple[str, int | float | str], ...] = ()
+    # negative ones as i32), floats as f32, strings and bools as such, tuples as arrays of
+    # those; None removes the key.
+    metadata: tuple[tuple[str, MetadataValue], ...] = ()
 
 
 def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
@@ -107,7 +113,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     weights = _weights(spec, len(tokens))
     n_layer = spec.keep_layers if spec.keep_layers is not None else spec.n_layer
     tmp = temporary_name(path)
-    writer = GGUFWriter(str(tmp), "llama")
+    writer = GGUFWriter(str(tmp), spec.architecture)
     writer.add_name(spec.name)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_context_length(spec.context_length)
@@ -145,19 +151,35 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     return path
 
 
-def _set_key(writer: Any, key: str, value: int | float | str) -> None:
+def _set_key(writer: Any, key: str, value: MetadataValue) -> None:
     from gguf import GGUFValueType
 
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    writer.kv_data[0].pop(key, None)  # an override, not a duplicate key (the writer warns)
+    if value is None:
+        return
+    if isinstance(value, tuple):
+        if not value:
+            raise ValueError(f"metadata {key}: an empty array")
+        types = {_value_type(key, v) for v in value}
+        if len(types) > 1:
+            raise ValueError(f"metadata {key}: an array of mixed types {value!r}")
+        writer.add_key_value(key, list(value), GGUFValueType.ARRAY, sub_type=types.pop())
+        return
+    writer.add_key_value(key, value, _value_type(key, value))
+
+
+def _value_type(key: str, value: Any) -> Any:
+    from gguf import GGUFValueType
+
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if not isinstance(value, (int, float, str)):
         raise ValueError(f"metadata {key}: unsupported value {value!r}")
     if isinstance(value, str):
-        vtype = GGUFValueType.STRING
-    elif isinstance(value, float):
-        vtype = GGUFValueType.FLOAT32
-    else:
-        vtype = GGUFValueType.UINT32 if value >= 0 else GGUFValueType.INT32
-    writer.kv_data[0].pop(key, None)  # an override, not a duplicate key (the writer warns)
-    writer.add_key_value(key, value, vtype)
+        return GGUFValueType.STRING
+    if isinstance(value, float):
+        return GGUFValueType.FLOAT32
+    return GGUFValueType.UINT32 if value >= 0 else GGUFValueType.INT32
 
 
 def shallow_copy(spec: TinyModelSpec, keep_layers: int) -> TinyModelSpec:
