@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import paths
 from .engine.history_index import BYTES_PER_TOKEN, HistoryIndex
 from .engine.history_store import HistoryStore
-from .errors import ConfigError
+from .errors import ConfigError, LocalspecError
 
 if TYPE_CHECKING:
     from .options import Settings
@@ -134,19 +134,27 @@ def vocabulary_id(gguf_path: str | Path) -> str:
     return f"{info.tokenizer_model or 'vocab'}-{info.vocab_size}-{digest.hexdigest()[:16]}"
 
 
+def vocabulary_size(vocabulary: str) -> int | None:
+    """The size a ``vocabulary_id`` names (None for a name not of that form)."""
+    parts = vocabulary.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
 def open_store(scope: str, target: str | Path,
                config: HistoryConfig | None = None) -> HistoryStore:
     """The history of ``scope`` for the target's vocabulary (read now; a bad file is dropped)."""
     config = config or load_config()
     vocabulary = vocabulary_id(target)
+    n_vocab = vocabulary_size(vocabulary)
     if scope == PROCESS:
-        store = HistoryStore.in_memory(vocabulary, max_tokens=config.max_tokens)
+        store = HistoryStore.in_memory(vocabulary, max_tokens=config.max_tokens,
+                                       n_vocab=n_vocab)
         store.index.max_bytes = config.max_bytes
         return store
     _private_dirs(scope)
     return HistoryStore.open(index_path(scope, vocabulary), vocabulary,
                              max_tokens=config.max_tokens, max_bytes=config.max_bytes,
-                             note=Path(target).name)
+                             note=Path(target).name, n_vocab=n_vocab)
 
 
 # -- seeding from the chat app's saved conversations -----------------------------------------------
@@ -164,7 +172,6 @@ def chat_documents(engine: Encoder, token_limit: int,
     newest that fit in ``token_limit`` tokens, oldest first. Nothing where there are none or the
     chat history cannot be read (the chat app says why when it opens it)."""
     from .chat_store import ChatStore, default_path
-    from .errors import LocalspecError
 
     store_path = store_path or default_path()
     if not store_path.is_file():
@@ -251,7 +258,7 @@ def _loadable_size(path: Path) -> tuple[int | None, int | None]:
     """(documents, tokens) of an index file as ``HistoryIndex.load`` would read it; (None,
     None) where load would drop it, so the listing never calls a damaged file readable."""
     try:
-        return HistoryIndex.verify(path, path.stem)
+        return HistoryIndex.verify(path, path.stem, vocabulary_size(path.stem))
     except (OSError, ValueError) as exc:
         log.debug("history index %s unreadable: %s", path, exc)
         return None, None
@@ -264,6 +271,13 @@ def clear(scopes: Iterable[str] = SCOPES) -> list[IndexFile]:
     cleared = []
     for info in list(index_files(scopes)):
         empty = HistoryIndex(info.vocabulary, note=info.note)
-        empty.save(info.path)
+        try:
+            # Under the file's lock: a running process's save cannot land between this and
+            # its own read of the header, writing the cleared documents back.
+            with HistoryIndex.locked(info.path):
+                empty.save(info.path)
+        except TimeoutError:
+            raise LocalspecError(f"{info.path} is being written by another localspec process "
+                                 "and stays locked; try again") from None
         cleared.append(info)
     return cleared

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -327,6 +329,75 @@ def test_a_clear_is_honoured_by_a_process_holding_the_index() -> None:
     held.close()  # must not write back what the user cleared
     assert HistoryIndex.load(path, "v").n_documents == 0
     assert held.index.n_documents == 0
+
+
+def test_writers_sharing_a_file_evict_the_oldest_documents_whoever_wrote_them(
+        tmp_path: Path) -> None:
+    """Room for three documents; answers recorded a1 b2 b3 b4 a5 b6 by two processes, each
+    saving after each: the file holds the newest three. Before, a merge put the other
+    process's documents after this one's own, so b6 (just written) was evicted and b3 came
+    back."""
+    path = tmp_path / "v.idx"
+    stores = {name: HistoryStore.open(path, "v", max_tokens=30, save_interval=3600)
+              for name in "ab"}
+    order = []
+    for i, name in enumerate("abbbab", start=1):
+        doc = [100 * i + j for j in range(10)]  # ten tokens, all its own
+        stores[name].record([], doc)
+        stores[name].flush()
+        order.append(doc[0])
+        held = [int(d[0]) for d in HistoryIndex.load(path, "v", max_tokens=30).documents()]
+        assert held == order[-3:], (i, held)
+    for store in stores.values():
+        store.close()
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from localspec.engine.history_store import HistoryStore
+store = HistoryStore.open(Path(sys.argv[1]), "v", save_interval=3600)
+base = int(sys.argv[2])
+for i in range(int(sys.argv[3])):
+    store.record([], [base + i, 1, 2, 3, 4])
+    store.flush()
+store.close()
+"""
+
+
+def test_two_processes_saving_at_once_lose_nothing(tmp_path: Path) -> None:
+    """Each save reads the file, merges and writes it; without the file's lock a save landing
+    between another's read and write was overwritten (a third of the documents lost)."""
+    path = tmp_path / "v.idx"
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(base), "60"])
+               for base in (1000, 2000)]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    held = {int(d[0]) for d in HistoryIndex.load(path, "v").documents()}
+    assert held == {*range(1000, 1060), *range(2000, 2060)}
+
+
+def test_a_clear_waits_for_a_save_in_progress_and_is_refused_past_the_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clear and a save share the file's lock: a running process's save cannot write the
+    cleared documents back between its read of the header and its write."""
+    from localspec.engine import history_index
+
+    path = history.index_path("serve", "v")
+    store = HistoryStore.open(path, "v", save_interval=3600)
+    store.record([1, 2, 3], [4, 5, 6, 7])
+    store.flush()
+    monkeypatch.setattr(history_index, "LOCK_SECONDS", 0.2)
+    with HistoryIndex.locked(path):  # another process's save, in progress
+        with pytest.raises(LocalspecError, match="being written by another localspec"):
+            history.clear()
+        store.record([1, 2, 3], [4, 5, 6, 8])
+        with pytest.raises(TimeoutError):
+            store.flush()  # left unsaved, for the next write
+    assert HistoryIndex.load(path, "v").n_documents == 1
+    store.close()
+    assert HistoryIndex.load(path, "v").n_documents == 2
+    history.clear()
+    assert HistoryIndex.load(path, "v").n_documents == 0
 
 
 # -- the front ends --------------------------------------------------------------------------------

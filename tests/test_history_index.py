@@ -359,3 +359,58 @@ def test_a_file_whose_lengths_miss_its_separators_is_dropped(tmp_path: Path) -> 
     path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(meta)) + meta + body)
     loaded = HistoryIndex.load(path, "v")
     assert not loaded.restored and loaded.n_documents == 0
+
+
+def _with_header(path: Path, meta: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(meta)) + meta)
+
+
+@pytest.mark.parametrize("meta", [b"[" * 200_000, b'{"format": 2, "tokens": ' + b"1" * 5000 + b"}"],
+                         ids=["nested", "huge-number"])
+def test_a_header_json_cannot_parse_is_unreadable_everywhere(meta: bytes) -> None:
+    """Deep nesting (RecursionError) and a number past Python's digit limit (ValueError) came
+    out of the reader as tracebacks: `run` failed for good, and `history clear` stopped at the
+    file, leaving every other index as it was."""
+    from localspec import history
+
+    from .conftest import run_cli
+
+    good = _save_in_history("vocab-a", _one_document("vocab-a"))
+    bad = history.index_path(history.CHAT, "vocab-b")
+    _with_header(bad, meta)
+    assert HistoryIndex.read_header(bad) is None
+    assert not HistoryIndex.load(bad, "vocab-b").restored
+    shown = run_cli("history", "--json")
+    assert shown.returncode == 0, shown.stderr
+    readable = {i["vocabulary"]: i["readable"] for i in json.loads(shown.stdout)["indexes"]}
+    assert readable == {"vocab-a": True, "vocab-b": False}
+    cleared = run_cli("history", "clear")
+    assert cleared.returncode == 0, cleared.stderr
+    assert HistoryIndex.load(good, "vocab-a").n_documents == 0
+
+
+def _one_document(vocabulary: str, doc: tuple[int, ...] = (1, 2, 3, 4, 5)) -> HistoryIndex:
+    index = HistoryIndex(vocabulary)
+    index.add(doc)
+    return index
+
+
+@pytest.mark.parametrize("token", [332, 400, -5], ids=["vocab-size", "past-it", "negative"])
+def test_a_file_with_a_token_no_vocabulary_holds_is_dropped(tmp_path: Path, token: int) -> None:
+    """Its checksum is right (written so on purpose, or by a bug): a token past the vocabulary
+    failed the target's decode on every request that matched it, a negative one split a
+    document."""
+    path = tmp_path / "v.idx"
+    tokens = np.array([1, 2, token, 4, 5, -1], "<i4").tobytes()
+    body = tokens + np.array([5], "<i8").tobytes() + bytes(6)
+    meta = json.dumps({"format": 2, "vocabulary": "v", "tokens": 6, "documents": 1,
+                       "sha256": hashlib.sha256(body).hexdigest(), "epoch": "e"}).encode()
+    path.write_bytes(b"LSHIST1\n" + struct.pack("<I", len(meta)) + meta + body)
+    assert not HistoryIndex.load(path, "v", n_vocab=332).restored
+    with pytest.raises(ValueError, match="damaged"):
+        HistoryIndex.verify(path, "v", 332)
+    fine = HistoryIndex.load(path, "v", n_vocab=10**6)
+    assert fine.restored == (token >= 0)
+    index = HistoryIndex("v", n_vocab=332)
+    assert not index.add([1, 2, 3, 332]) and index.add([1, 2, 3, 331])

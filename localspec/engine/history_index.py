@@ -30,6 +30,7 @@ file was cleared behind it (``localspec history clear``) rather than saved by an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -58,6 +59,10 @@ _MAGIC = b"LSHIST1\n"
 # Memory a held token costs: 4 bytes in the token array, 1 for its mark, 16 for its key and
 # position.
 BYTES_PER_TOKEN = 21
+
+# How long a save or a clear waits for another process's save of the same file (milliseconds,
+# normally): past it the save is left for later, the clear refused.
+LOCK_SECONDS = 10.0
 
 # A token's mark: what the target's choice there was when it wrote it.
 MARK_UNKNOWN, MARK_CLEAR, MARK_TIED = 0, 1, 2
@@ -127,11 +132,15 @@ class HistoryIndex:
     """
 
     def __init__(self, vocabulary: str, max_tokens: int = 1_000_000,
-                 max_bytes: int | None = None, note: str = "") -> None:
+                 max_bytes: int | None = None, note: str = "",
+                 n_vocab: int | None = None) -> None:
         self.vocabulary = vocabulary
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
         self.note = note
+        # The vocabulary's size where known: a token past it is no token of this vocabulary
+        # (a damaged file, or a bug), and drafting it would fail the target's decode.
+        self.n_vocab = n_vocab
         self.epoch = _new_epoch()
         # Whether ``load`` found it in a file (False: new, or the file was dropped).
         self.restored = False
@@ -197,7 +206,8 @@ class HistoryIndex:
             mk = np.asarray(marks, dtype=np.int8)
             if mk.shape != doc.shape:
                 raise ValueError(f"{len(mk)} marks for {len(doc)} tokens")
-        if len(doc) < KEY_TOKENS + 1 or (doc < 0).any():
+        if len(doc) < KEY_TOKENS + 1 or (doc < 0).any() or (
+                self.n_vocab is not None and (doc >= self.n_vocab).any()):
             return ""
         doc, mk = _cut(doc, mk, self.token_limit)
         digest = _digest(doc)
@@ -410,6 +420,25 @@ class HistoryIndex:
         atomic_write(path, _MAGIC + struct.pack("<I", len(meta)) + meta + body, mode=0o600)
 
     @staticmethod
+    @contextlib.contextmanager
+    def locked(path: Path, timeout: float | None = None) -> Iterator[None]:
+        """Hold the lock of the index file at ``path`` (a ``.lock`` file beside it) across a
+        read, a merge and a write, so two processes' saves and a clear never interleave.
+        TimeoutError where another process holds it ``timeout`` (default ``LOCK_SECONDS``)
+        seconds."""
+        from filelock import FileLock  # deferred: only writers take it
+
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Not thread-local: one lock object per hold, so two threads exclude each other too.
+        lock = FileLock(f"{path}.lock", mode=0o600, thread_local=False)
+        # filelock's Timeout is a TimeoutError
+        lock.acquire(timeout=LOCK_SECONDS if timeout is None else timeout)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @staticmethod
     def read_header(path: Path) -> dict[str, Any] | None:
         """The header of the file at ``path`` (format, vocabulary, sizes, checksum, epoch,
         note), without reading its tokens; None where there is no readable header."""
@@ -421,18 +450,18 @@ class HistoryIndex:
                 (n_meta,) = struct.unpack_from("<I", head, len(_MAGIC))
                 if n_meta > 1 << 20:
                     return None
-                meta = json.loads(fh.read(n_meta))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                meta = _json(fh.read(n_meta))
+        except (OSError, ValueError):
             return None
         return meta if isinstance(meta, dict) else None
 
     @classmethod
     def load(cls, path: Path, vocabulary: str, max_tokens: int = 1_000_000,
-             max_bytes: int | None = None) -> HistoryIndex:
+             max_bytes: int | None = None, n_vocab: int | None = None) -> HistoryIndex:
         """The index saved at ``path``, or an empty one where the file is missing, of another
         format or vocabulary, or damaged (logged, and replaced at the next save). ``restored``
         on the result says which."""
-        index = cls(vocabulary, max_tokens, max_bytes)
+        index = cls(vocabulary, max_tokens, max_bytes, n_vocab=n_vocab)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -441,7 +470,7 @@ class HistoryIndex:
             log.warning("history index %s unreadable (%s); starting a new one", path, exc)
             return index
         try:
-            tokens, marks, lengths, meta = _parse(raw, vocabulary)
+            tokens, marks, lengths, meta = _parse(raw, vocabulary, n_vocab)
         except ValueError as exc:
             log.warning("history index %s dropped: %s", path, exc)
             return index
@@ -452,11 +481,11 @@ class HistoryIndex:
         return index
 
     @staticmethod
-    def verify(path: Path, vocabulary: str) -> tuple[int, int]:
+    def verify(path: Path, vocabulary: str, n_vocab: int | None = None) -> tuple[int, int]:
         """(documents, tokens) of the file at ``path`` after every check ``load`` makes: a
         listing that trusted the header alone would show a damaged file as whole. ValueError
         says why ``load`` would drop it, OSError that it cannot be read."""
-        _, _, lengths, _ = _parse(path.read_bytes(), vocabulary)
+        _, _, lengths, _ = _parse(path.read_bytes(), vocabulary, n_vocab)
         return len(lengths), sum(lengths)
 
     def _restore(self, tokens: np.ndarray, marks: np.ndarray, lengths: list[int]) -> None:
@@ -510,16 +539,25 @@ def _newest_that_fit(lengths: Sequence[int], limit: int) -> int:
     return kept
 
 
-def _parse(raw: bytes,
-           vocabulary: str) -> tuple[np.ndarray, np.ndarray, list[int], dict[str, Any]]:
+def _json(raw: bytes) -> Any:
+    """A header's JSON; ValueError for anything that is not one (json also raises
+    RecursionError for deep nesting)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def _parse(raw: bytes, vocabulary: str, n_vocab: int | None = None,
+           ) -> tuple[np.ndarray, np.ndarray, list[int], dict[str, Any]]:
     if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 4:
         raise ValueError("not a localspec history index")
     (n_meta,) = struct.unpack_from("<I", raw, len(_MAGIC))
     at = len(_MAGIC) + 4
     try:
-        meta = json.loads(raw[at:at + n_meta])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError("damaged header") from exc
+        meta = _json(raw[at:at + n_meta])
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
+        raise ValueError(f"damaged header ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") not in _READABLE_FORMATS:
         raise ValueError("another format version")
     if meta.get("vocabulary") != vocabulary:
@@ -537,6 +575,10 @@ def _parse(raw: bytes,
         raise ValueError("document lengths do not add up (damaged)")
     if n_doc and (tokens[np.cumsum(np.asarray(lengths, np.int64) + 1) - 1] != SEPARATOR).any():
         raise ValueError("documents not separated where their lengths say (damaged)")
+    if int((tokens < 0).sum()) != n_doc:
+        raise ValueError("a negative token inside a document (damaged)")
+    if n_vocab is not None and n_tok and int(tokens.max()) >= n_vocab:
+        raise ValueError(f"a token past the vocabulary's {n_vocab} (damaged)")
     if n_marks:
         marks = np.frombuffer(body, dtype="i1", count=n_tok, offset=4 * n_tok + 8 * n_doc)
         if ((marks < MARK_UNKNOWN) | (marks > MARK_TIED)).any():

@@ -7,7 +7,10 @@ written on a timer thread at most every ``save_interval`` seconds after a change
 because another process may hold the same file (the chat app's engine and a ``serve`` joined to
 it) or ``localspec history clear`` may have emptied it: a new epoch there means cleared, and this
 process forgets what it held too rather than writing it back; the same epoch with other
-contents means another writer, whose documents are merged in.
+contents means another writer: the file's index is kept as it is (its evictions included) and
+this process's documents written since its last save are added to it, newest last. The read,
+the merge and the write hold the file's lock (``HistoryIndex.locked``), as a clear does, so no
+writer's save lands between another's read and its write.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .history_index import MARK_UNKNOWN, Continuation, ContinuationTree, HistoryIndex
+
+_Document = tuple[list[int], list[int] | None]  # tokens and their marks (None: unknown)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,9 @@ class HistoryStore:
         self._timer: threading.Timer | None = None
         self._last_save = 0.0
         self._closed = False
+        # What this process added or re-marked since its last save, oldest first: all it has
+        # to add to a file another process wrote meanwhile.
+        self._unsaved: list[_Document] = []
         # (epoch, checksum) of the file as this process last read or wrote it; None: no file.
         self._file: tuple[str, str] | None = None
         if index.restored and path is not None:
@@ -56,25 +64,27 @@ class HistoryStore:
 
     @classmethod
     def open(cls, path: Path, vocabulary: str, *, max_tokens: int = 1_000_000,
-             max_bytes: int | None = None, note: str = "",
+             max_bytes: int | None = None, note: str = "", n_vocab: int | None = None,
              save_interval: float = SAVE_INTERVAL) -> HistoryStore:
-        """The store for the file at ``path`` (read now; a bad file is dropped, never trusted)."""
-        index = HistoryIndex.load(path, vocabulary, max_tokens, max_bytes)
+        """The store for the file at ``path`` (read now; a bad file is dropped, never trusted).
+        ``n_vocab``: the vocabulary's size, past which a file's token is damage."""
+        index = HistoryIndex.load(path, vocabulary, max_tokens, max_bytes, n_vocab)
         if note:
             index.note = note
         return cls(index, path, save_interval=save_interval)
 
     @classmethod
-    def in_memory(cls, vocabulary: str = "", *, max_tokens: int = 1_000_000) -> HistoryStore:
+    def in_memory(cls, vocabulary: str = "", *, max_tokens: int = 1_000_000,
+                  n_vocab: int | None = None) -> HistoryStore:
         """A store that writes nothing: this process's requests only."""
-        return cls(HistoryIndex(vocabulary, max_tokens))
+        return cls(HistoryIndex(vocabulary, max_tokens, n_vocab=n_vocab))
 
     def detached(self) -> HistoryStore:
         """A copy in memory that never touches the file (a benchmark's runs that must not
         teach the real history what they saw)."""
         with self._lock:
             copy = HistoryIndex(self.index.vocabulary, self.index.max_tokens,
-                                self.index.max_bytes)
+                                self.index.max_bytes, n_vocab=self.index.n_vocab)
             copy.absorb(self.index)
         return HistoryStore(copy, prompt_tail=self.prompt_tail)
 
@@ -97,6 +107,7 @@ class HistoryStore:
         doc_marks = None if marks is None else [MARK_UNKNOWN] * len(tail) + list(marks)
         with self._lock:
             if self.index.update(doc, doc_marks):
+                self._unsaved.append((doc, doc_marks))
                 self._changed()
 
     def seed(self, documents: Iterable[Sequence[int]]) -> int:
@@ -104,7 +115,9 @@ class HistoryStore:
         added = 0
         with self._lock:
             for doc in documents:
-                added += self.index.add(doc)
+                if self.index.add(doc):
+                    added += 1
+                    self._unsaved.append((list(doc), None))
             self.fresh = False
             if added:
                 self._changed()
@@ -142,16 +155,19 @@ class HistoryStore:
             self._write()
 
     def _write(self) -> None:
-        """Under the lock."""
+        """Under the lock. OSError (TimeoutError where another process holds the file's lock
+        too long) leaves the changes unsaved, for the next write."""
         if not self._dirty or self.path is None:
             return
-        # A new index object where the file says so, never the live one changed in place:
-        # the engine's thread may be looking it up right now, without the lock.
-        self.index = self._synced(self.path)
-        self.index.save(self.path)
+        with HistoryIndex.locked(self.path):
+            # A new index object where the file says so, never the live one changed in place:
+            # the engine's thread may be looking it up right now, without the lock.
+            self.index = self._synced(self.path)
+            self.index.save(self.path)
+            header = HistoryIndex.read_header(self.path)
         self._dirty = False
+        self._unsaved.clear()
         self._last_save = time.monotonic()
-        header = HistoryIndex.read_header(self.path)
         self._file = (self.index.epoch, str(header.get("sha256"))) if header else None
 
     def _synced(self, path: Path) -> HistoryIndex:
@@ -168,21 +184,25 @@ class HistoryStore:
         cleared = self._file is not None and epoch != self._file[0]
         if not cleared and self._file is not None and checksum == self._file[1]:
             return mine  # nobody else wrote it
-        other = HistoryIndex.load(path, mine.vocabulary, mine.max_tokens, mine.max_bytes)
+        other = HistoryIndex.load(path, mine.vocabulary, mine.max_tokens, mine.max_bytes,
+                                  mine.n_vocab)
         if cleared:
             log.info("history index %s was cleared; forgetting this process's too", path)
-            merged = self._empty()
-        else:
-            merged = self._empty()
-            merged.absorb(mine)
-        if other.restored:
-            merged.absorb(other)
-            merged.epoch = other.epoch
-        return merged
+            return other if other.restored else self._empty()
+        if not other.restored:  # damaged since: this process's index replaces it
+            return mine
+        # The file as the other writer left it, then what this process added since its last
+        # save: the newest documents, so evicted last. Documents of this process that the file
+        # no longer holds were evicted there and stay evicted.
+        other.note = mine.note
+        for doc, marks in self._unsaved:
+            other.update(doc, marks)
+        return other
 
     def _empty(self) -> HistoryIndex:
         mine = self.index
-        return HistoryIndex(mine.vocabulary, mine.max_tokens, mine.max_bytes, note=mine.note)
+        return HistoryIndex(mine.vocabulary, mine.max_tokens, mine.max_bytes, note=mine.note,
+                            n_vocab=mine.n_vocab)
 
     def close(self) -> None:
         """Write what is unsaved and stop saving."""
