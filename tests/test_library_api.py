@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # The front ends: they may import Textual, Starlette and uvicorn; nothing else may.
 FRONT_ENDS = ("localspec.tui", "localspec.cli", "localspec.server")
 # Not a module to import: ``python -m localspec`` runs the CLI (and exits) when imported.
@@ -104,3 +106,39 @@ def test_llama_draft_model_adapter_keeps_output(target_gguf: Path, draft_gguf: P
     assert got["text"] == expected["text"]
     assert len(drafter(__import__("numpy").array(prompt, dtype="intc"))) == 4
     drafter.close()
+
+
+def test_a_request_of_the_wrong_types_is_one_value_error(target_gguf: Path) -> None:
+    """A library caller's slip is said plainly, before anything is decoded, not as an
+    AttributeError or TypeError from deep inside."""
+    import dataclasses
+
+    import numpy as np
+
+    import localspec
+    from localspec.errors import DraftSettingsError
+
+    with localspec.SpeculativeEngine.load(target_gguf, None,
+                                          localspec.ModelSettings(n_ctx=256)) as eng:
+        good = localspec.GenerationRequest(prompt_tokens=eng.tokenize("the", chat=False),
+                                           max_tokens=3,
+                                           draft=localspec.DraftSettings(mode="lookup"))
+        slips = {
+            "sampling": ({"sampling": None}, "sampling must be a SamplingParams"),
+            "draft": ({"draft": {"mode": "none"}}, "draft must be a DraftSettings"),
+            "stop": ({"stop": (1,)}, "stop must be a sequence of strings"),
+            "text": ({"prompt_tokens": "the"}, "prompt_tokens must be a sequence of token ids"),
+            "float": ({"prompt_tokens": (1.5, 2.0)}, "token ids are whole numbers, got 1.5"),
+            "bool": ({"prompt_tokens": (True, True)}, "token ids are whole numbers, got True"),
+        }
+        for change, said in slips.values():
+            with pytest.raises(ValueError, match=said):
+                eng.generate(dataclasses.replace(good, **change))
+        for low, high in ((0, 4), (-3, 4), (5, 4), (2, 10**6), (2, "4")):
+            draft = localspec.DraftSettings(mode="lookup", lookup_ngram_min=low,
+                                            lookup_ngram_max=high)  # type: ignore[arg-type]
+            with pytest.raises(DraftSettingsError, match="lookup_ngram_min and lookup_n"):
+                eng.generate(dataclasses.replace(good, draft=draft))
+        # numpy ids, as a caller's arrays hold them, are ids like any other
+        as_array = dataclasses.replace(good, prompt_tokens=np.asarray(good.prompt_tokens))
+        assert eng.generate(as_array).tokens == eng.generate(good).tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import numbers
 import secrets
 import threading
 import time
@@ -88,6 +89,24 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     draft: DraftSettings = DraftSettings()
+
+
+def _check_types(req: GenerationRequest) -> None:
+    """ValueError, in one line, for a request built with the wrong types (a library caller's
+    slip): each would otherwise fail deep inside as an AttributeError or a TypeError."""
+    for name, value, kind in (("sampling", req.sampling, SamplingParams),
+                              ("draft", req.draft, DraftSettings)):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+    if isinstance(req.stop, str):  # it would stop at each of its characters
+        raise ValueError("stop must be a sequence of strings, not one string: "
+                         f"stop=({req.stop!r},)")
+    if not isinstance(req.stop, Sequence) or not all(isinstance(s, str) for s in req.stop):
+        raise ValueError(f"stop must be a sequence of strings, got {req.stop!r}")
+    if isinstance(req.prompt_tokens, (str, bytes)) or not isinstance(req.prompt_tokens,
+                                                                      (Sequence, np.ndarray)):
+        raise ValueError("prompt_tokens must be a sequence of token ids (engine.tokenize "
+                         f"makes one), got {type(req.prompt_tokens).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,15 +399,13 @@ class SpeculativeEngine:
     def stream(self, req: GenerationRequest,
                cancel: threading.Event | None = None) -> Generator[StreamEvent, None, None]:
         """Yield text chunks as tokens are accepted, then one ``Finished``."""
+        _check_types(req)
         req.sampling.validate()
         req.draft.validate(self.draft is not None)
         from ..params import check
 
         check("max_tokens", req.max_tokens)
         self.check_prompt_tokens(req.prompt_tokens)
-        if isinstance(req.stop, str):  # it would stop at each of its characters
-            raise ValueError("stop must be a sequence of strings, not one string: "
-                             f"stop=({req.stop!r},)")
         with self._lock:
             yield from self._stream(req, cancel)
 
@@ -396,6 +413,10 @@ class SpeculativeEngine:
         """ValueError for an id outside the target's vocabulary: llama.cpp fails its decode
         as if memory had run out."""
         n_vocab = self.target.n_vocab
+        odd = next((t for t in tokens if isinstance(t, bool)
+                    or not isinstance(t, numbers.Integral)), None)
+        if odd is not None:
+            raise ValueError(f"token ids are whole numbers, got {odd!r}")
         bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")

@@ -156,6 +156,11 @@ def costly_default() -> str | None:
 RuleSetting = Literal["auto", "coupled", "rejection", "match"]
 
 
+# Prompt lookup's longest n-gram: its index grows with the n-grams it keeps per position, and
+# a match longer than this says no more about what follows.
+LOOKUP_NGRAM_LIMIT = 32
+
+
 @dataclass(frozen=True, slots=True)
 class DraftSettings:
     """How to draft. ``mode``: a registered drafter's name, or ``none``.
@@ -188,6 +193,12 @@ class DraftSettings:
             raise LocalspecError(f"tree must be true or false, got {self.tree!r}")
         if not isinstance(self.history, bool):
             raise LocalspecError(f"history must be true or false, got {self.history!r}")
+        low, high = self.lookup_ngram_min, self.lookup_ngram_max
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (low, high)) \
+                or not 1 <= low <= high <= LOOKUP_NGRAM_LIMIT:
+            raise DraftSettingsError(
+                f"lookup_ngram_min and lookup_ngram_max must be whole numbers with 1 <= min "
+                f"<= max <= {LOOKUP_NGRAM_LIMIT}, got {low!r} and {high!r}")
         if self.mode != NO_DRAFT and get(self.mode).needs_history and not self.history:
             raise DraftSettingsError(f"draft mode {self.mode!r} drafts from the history, which "
                                      "this request turns off (--history off)")
