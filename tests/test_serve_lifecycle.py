@@ -108,6 +108,14 @@ def test_run_names_why_llama_cpp_refused_a_file_in_one_line(target_gguf: Path,
         "'output_norm.weight' not found)"]
 
 
+def _wait_until_queued(url: str, seconds: float = 30) -> None:
+    """Until a request waits for the engine (a fixed sleep lost the race on a busy machine)."""
+    deadline = time.monotonic() + seconds
+    while httpx.get(url + "/health").json().get("queue_waiting", 0) < 1:
+        assert time.monotonic() < deadline, "the second request never reached the queue"
+        time.sleep(0.02)
+
+
 def test_sigterm_ends_each_request_in_flight_and_exits_0(slow_pair: tuple[Path, Path]) -> None:
     """What systemd and docker send: the stream in flight ends with an error event and [DONE]
     (not cut off after a graceful-shutdown timeout), a request waiting behind it gets a 503,
@@ -134,7 +142,7 @@ def test_sigterm_ends_each_request_in_flight_and_exits_0(slow_pair: tuple[Path, 
                 lines.append(line)
                 if len(lines) == 5:
                     behind.start()
-                    time.sleep(0.5)  # it reaches the engine's queue
+                    _wait_until_queued(url)  # it reaches the engine's queue
                     proc.send_signal(signal.SIGTERM)
         behind.join(60)
         assert lines[-1] == "data: [DONE]", lines[-3:]
