@@ -236,7 +236,9 @@ def test_metrics_and_errors_pass_through_the_front(target_gguf: Path, draft_gguf
         surrogate = httpx.post(url + "/v1/chat/completions", headers=auth,
                                content=b'{"model": "\\ud800", "messages": []}')
         assert surrogate.status_code == 400 and surrogate.json()["error"]["param"] == "model"
-        ok = httpx.post(url + "/v1/completions", headers=auth,
+        # The first generation calibrates the costs: seconds on a busy machine, past httpx's
+        # default timeout of 5.
+        ok = httpx.post(url + "/v1/completions", headers=auth, timeout=60,
                         json={"prompt": "the", "max_tokens": 3})
         assert ok.status_code == 200 and json.loads(ok.text)["usage"]["completion_tokens"] == 3
         metrics = httpx.get(url + "/metrics?format=json", headers=auth).json()
