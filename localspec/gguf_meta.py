@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 from . import paths
 from .errors import GGUFError, IncompatiblePairError
 from .files import atomic_write
+from .gguf_architectures import KEY_IS_VALUE, KNOWN, ROPE_IS_HEAD
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +56,6 @@ LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 # Architectures for which llama.cpp turns an expert count of 0 or 1 into "no experts".
 _EXPERTS_OPTIONAL = {"hunyuan-dense", "hunyuan_vl"}
-# Architectures whose graph builder asserts that the RoPE dimension is the head size
-# (an uncommented GGML_ASSERT(n_embd_head == n_rot) in src/models/*.cpp of llama-cpp-python
-# 0.3.36's llama.cpp); others rotate part of each head.
-_ROPE_IS_HEAD = frozenset({
-    "apertus", "arcee", "arctic", "baichuan", "chameleon", "codeshell", "cogvlm", "cohere2moe",
-    "dbrx", "deci", "deepseek", "dots1", "dream", "ernie4_5", "ernie4_5-moe", "exaone",
-    "exaone-moe", "exaone4", "falcon", "granite", "granite_swa", "graniteswitch", "grok",
-    "grovemoe", "hunyuan-moe", "hunyuan_vl", "hy_v3", "internlm2", "jais2", "llada",
-    "llada-moe", "llama", "llama4", "maincoder", "mellum", "mistral3", "olmo", "olmo2", "olmoe",
-    "orion", "paddleocr", "pangu-embedded", "plamo", "pockettts", "qwen2", "qwen2moe",
-    "qwen2vl", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "rnd1", "seed_oss", "smallthinker",
-    "smollm3", "starcoder2", "talkie", "xverse"})
-# Architectures whose graph builder asserts that keys and values have the same head size
-# (GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()) and the like), as well as those above.
-_KEY_IS_VALUE = _ROPE_IS_HEAD | frozenset({
-    "afmoe", "bailingmoe2", "bert", "bitnet", "bloom", "chatglm", "cohere2", "command-r",
-    "dflash", "eagle3", "eurobert", "glm4", "glm4moe", "gpt2", "gptneox", "granitehybrid",
-    "jais", "laguna", "maple", "minimax-01", "minimax-m2", "minimax-m3", "modern-bert", "mpt",
-    "muse-glimmer", "nanbeige", "nemotron", "nemotron_h", "neo-bert", "openelm", "phi2", "phi3",
-    "qwen", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "refact", "spark2_5", "stablelm",
-    "starcoder", "t5"})
 # llama.cpp's add_bos / add_eos where the file has no key (llama-vocab.cpp), by tokenizer
 # model; BPE vocabularies (gpt2 and its kin) add BOS for these pre-tokenizers alone.
 _BPE_MODELS = frozenset({"gpt2", "hybriddna", "whitespace", "gemma4"})
@@ -480,6 +460,9 @@ def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -
         raise GGUFError(f"{path}: no general.architecture in its metadata (not a model file)")
     if arch in NON_TEXT_ARCHITECTURES:
         raise GGUFError(f"{path}: a '{arch}' model (projector or encoder), not a text generator")
+    if arch not in KNOWN:
+        raise GGUFError(f"{path}: architecture {arch!r} is not one llama.cpp (as in "
+                        "llama-cpp-python 0.3.36) can run")
     tok_model = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tok_model, str) or not isinstance(tokens, _ArrayInfo):
@@ -615,10 +598,10 @@ def _check_head_sizes(meta: dict[str, Any], arch: str, default: int | None) -> N
     head_k, head_v = _count(meta, k_key, default), _count(meta, v_key, default)
     rot_key = f"{arch}.rope.dimension_count"
     n_rot = _count(meta, rot_key, head_k)
-    if arch in _KEY_IS_VALUE and head_k and head_v and head_k != head_v:
+    if arch in KEY_IS_VALUE and head_k and head_v and head_k != head_v:
         raise _BadHparam(f"{k_key} {head_k} and {v_key} {head_v} differ; llama.cpp's {arch} "
                          "needs one head size")
-    if arch in _ROPE_IS_HEAD and head_v and n_rot is not None and n_rot != head_v:
+    if arch in ROPE_IS_HEAD and head_v and n_rot is not None and n_rot != head_v:
         raise _BadHparam(f"{rot_key} is {n_rot}, not the head size {head_v}; llama.cpp's "
                          f"{arch} rotates whole heads")
 

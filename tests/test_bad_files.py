@@ -45,6 +45,8 @@ BAD = {
                   "head_count holds float values such as inf"),
     "wordpiece-vocab": (TinyModelSpec(metadata=(("tokenizer.ggml.model", "bert"),)),
                         "a BERT (WordPiece) vocabulary"),
+    "unknown-architecture": (TinyModelSpec(architecture="foo"),
+                             "architecture 'foo' is not one llama.cpp"),
 }
 # The ones llama.cpp 0.3.36 answers with SIGABRT (3 heads of a 64-wide model is a load error).
 ABORTS = ("layers-1e6", "layers-513", "experts-1e5", "eps-nan", "kv-heads-3-of-4",
