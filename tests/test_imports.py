@@ -16,7 +16,7 @@ import localspec
 ROOT = Path(localspec.__file__).parent
 # Modules below everything else: each imports nothing of localspec but the others in this set.
 LEAVES = {"localspec.errors", "localspec.paths", "localspec.files", "localspec.params",
-          "localspec.gguf_meta"}
+          "localspec.gguf_meta", "localspec.gguf_architectures", "localspec.formatting"}
 
 
 def module_files() -> dict[str, Path]:
