@@ -144,9 +144,8 @@ def load_settings(path: Path | None = None) -> Settings:
 
     for old, new in _LEGACY_KEYS.items():
         if old in table and new in table:  # which one meant? neither is dropped silently
-            line = _line_of(text, "chat", old)
-            raise ConfigError(f"{path}{f', line {line}' if line else ''}: {old} is the old name "
-                              f"of {new}, which is set too; keep one of them")
+            raise ConfigError(f"{where(old)}: {old} is the old name of {new}, which is set "
+                              "too; keep one of them")
     try:
         return settings_from_mapping(_migrate(table), where)
     except InvalidOptionError as exc:
