@@ -352,6 +352,32 @@ def test_writers_sharing_a_file_evict_the_oldest_documents_whoever_wrote_them(
         store.close()
 
 
+def test_a_save_made_while_another_process_opens_the_file_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A saves just after B has read the file: B must know its copy is older than the file,
+    not take the file's header as read later for its own, and write A's document away."""
+    path = tmp_path / "v.idx"
+    a = HistoryStore.open(path, "v", save_interval=3600)
+    a.record([], [100, 1, 2, 3])
+    a.flush()
+    real_load = HistoryIndex.load
+
+    def load_then_a_saves(*args: object, **kwargs: object) -> HistoryIndex:
+        index = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        a.record([], [200, 1, 2, 3])
+        a.flush()
+        return index
+
+    monkeypatch.setattr(HistoryIndex, "load", load_then_a_saves)
+    b = HistoryStore.open(path, "v", save_interval=3600)
+    monkeypatch.setattr(HistoryIndex, "load", real_load)
+    b.record([], [300, 1, 2, 3])
+    b.close()
+    a.close()
+    held = sorted(int(d[0]) for d in HistoryIndex.load(path, "v").documents())
+    assert held == [100, 200, 300]
+
+
 _WRITER = """
 import sys
 from pathlib import Path

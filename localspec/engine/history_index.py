@@ -144,6 +144,9 @@ class HistoryIndex:
         self.epoch = _new_epoch()
         # Whether ``load`` found it in a file (False: new, or the file was dropped).
         self.restored = False
+        # The sha256 of the file it was last loaded from or saved to (None: neither): with the
+        # epoch, what tells a holder whether another process wrote the file since.
+        self.checksum: str | None = None
         self._tokens = np.empty(0, np.int32)
         self._marks = np.empty(0, np.int8)  # parallel to _tokens (a separator's: unknown)
         self._doc_lengths: list[int] = []  # each without its separator
@@ -413,11 +416,13 @@ class HistoryIndex:
         lengths = np.asarray(self._doc_lengths, dtype=np.int64)
         body = (self._tokens.astype("<i4").tobytes() + lengths.astype("<i8").tobytes()
                 + self._marks.astype("i1").tobytes())
+        checksum = hashlib.sha256(body).hexdigest()
         meta = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary,
                            "tokens": int(len(self._tokens)), "documents": len(lengths),
-                           "sha256": hashlib.sha256(body).hexdigest(), "epoch": self.epoch,
+                           "sha256": checksum, "epoch": self.epoch,
                            "note": self.note}).encode()
         atomic_write(path, _MAGIC + struct.pack("<I", len(meta)) + meta + body, mode=0o600)
+        self.checksum = checksum
 
     @staticmethod
     @contextlib.contextmanager
@@ -475,6 +480,7 @@ class HistoryIndex:
             log.warning("history index %s dropped: %s", path, exc)
             return index
         index.restored = True
+        index.checksum = str(meta.get("sha256"))
         index.epoch = str(meta.get("epoch") or index.epoch)
         index.note = str(meta.get("note") or "")
         index._restore(tokens, marks, lengths)

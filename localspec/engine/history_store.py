@@ -58,9 +58,9 @@ class HistoryStore:
         # (epoch, checksum) of the file as this process last read or wrote it; None: no file.
         self._file: tuple[str, str] | None = None
         if index.restored and path is not None:
-            header = HistoryIndex.read_header(path)
-            if header is not None:
-                self._file = (str(header.get("epoch")), str(header.get("sha256")))
+            # As the file was when loaded: a header read again now could be of a save made
+            # since, whose documents this index does not hold.
+            self._file = (index.epoch, str(index.checksum))
 
     @classmethod
     def open(cls, path: Path, vocabulary: str, *, max_tokens: int = 1_000_000,
@@ -164,11 +164,10 @@ class HistoryStore:
             # the engine's thread may be looking it up right now, without the lock.
             self.index = self._synced(self.path)
             self.index.save(self.path)
-            header = HistoryIndex.read_header(self.path)
         self._dirty = False
         self._unsaved.clear()
         self._last_save = time.monotonic()
-        self._file = (self.index.epoch, str(header.get("sha256"))) if header else None
+        self._file = (self.index.epoch, str(self.index.checksum))
 
     def _synced(self, path: Path) -> HistoryIndex:
         """Before writing: the index to write, honouring a clear made since this process last
