@@ -237,3 +237,20 @@ def test_pull_of_local_files_says_there_is_nothing_to_pull(
     missing = tmp_path / "missing.gguf"
     assert main(["pull", str(missing)]) == 1
     assert capsys.readouterr().err == f"localspec: error: {missing}: no such file\n"
+
+
+def test_list_shows_a_problem_from_a_file_escaped(tmp_path: Path, target_gguf: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The reason under the table quotes the files (a tokenizer's name): it is escaped, as
+    every error line is, so a file cannot add a line or drive the terminal."""
+    from localspec.models.tiny import TinyModelSpec, write_tiny_model
+
+    odd = write_tiny_model(tmp_path / "odd.gguf", TinyModelSpec(
+        metadata=(("tokenizer.ggml.model", "odd\n\x1b[2J"),)))
+    path = user_pairs_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[[pair]]\nname = "odd"\ntarget = "{target_gguf}"\ndraft = "{odd}"\n')
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    why = next(line for line in out.splitlines() if line.startswith("odd: not compatible: "))
+    assert "odd\\n\\x1b[2J" in why and "\x1b" not in out

@@ -57,6 +57,7 @@ def _compat(value: bool | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..formatting import printable
     from ..models.catalogue import load_pairs, pair_status
     from .formatting import table
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows, ["PAIR", "TARGET", "DRAFT", "MODE", "COMPATIBLE", "SOURCE"]))
     for p in pairs:  # a NO says why, as --json does
         if p["compatible"] is False and p["problems"]:
-            print(f"{p['name']}: not compatible: {'; '.join(p['problems'])}")
+            print(printable(f"{p['name']}: not compatible: {'; '.join(p['problems'])}"))
     print()
     if not models:
         print("no local models (localspec pull NAME|PAIR)")
