@@ -107,7 +107,7 @@ class HistoryStore:
         doc_marks = None if marks is None else [MARK_UNKNOWN] * len(tail) + list(marks)
         with self._lock:
             if self.index.update(doc, doc_marks):
-                self._unsaved.append((doc, doc_marks))
+                self._keep_unsaved(doc, doc_marks)
                 self._changed()
 
     def seed(self, documents: Iterable[Sequence[int]]) -> int:
@@ -117,13 +117,19 @@ class HistoryStore:
             for doc in documents:
                 if self.index.add(doc):
                     added += 1
-                    self._unsaved.append((list(doc), None))
+                    self._keep_unsaved(list(doc), None)
             self.fresh = False
             if added:
                 self._changed()
         return added
 
     # -- saving -------------------------------------------------------------------------------
+    def _keep_unsaved(self, doc: list[int], marks: list[int] | None) -> None:
+        """Under the lock: remember a document for merging into the file; a store with no
+        file never merges, so it keeps none."""
+        if self.path is not None:
+            self._unsaved.append((doc, marks))
+
     def _changed(self) -> None:
         """Under the lock: the index changed; make sure a save is coming."""
         self._dirty = True
