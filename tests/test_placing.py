@@ -18,7 +18,7 @@ from localspec.loading import EngineSpec, load_engine
 from localspec.monitor import SystemMonitor
 from localspec.options import Settings, model_settings
 from localspec.params import PARAMS, InvalidOptionError
-from localspec.placing import NO_GPU_BUILD, machine_budget, resolve_layers
+from localspec.placing import NO_GPU_BUILD, llama_offloads, machine_budget, resolve_layers
 from localspec.server import ServerConfig
 from localspec.server.app import create_app
 from localspec.server.running import BackgroundServer
@@ -99,6 +99,7 @@ def test_llama_cpps_own_gpu_memory_comes_before_nvmls(target_gguf: Path) -> None
     assert budget.free_bytes is None and budget.note
 
 
+@pytest.mark.skipif(llama_offloads(), reason="a GPU build lists its GPUs")
 def test_llama_cpps_device_list_here_is_its_cpu_alone() -> None:
     """The real binding, on this CPU-only build: ggml lists its CPU device, with this
     machine's memory, and no device to offload to."""
