@@ -4,12 +4,14 @@ apart from the chat app's, is really off when turned off, and is emptied by `his
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -424,6 +426,134 @@ def test_a_clear_waits_for_a_save_in_progress_and_is_refused_past_the_wait(
     assert HistoryIndex.load(path, "v").n_documents == 2
     history.clear()
     assert HistoryIndex.load(path, "v").n_documents == 0
+
+
+def test_a_request_records_at_once_while_another_process_holds_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save waiting for the file's lock must not hold up the request that finishes
+    meanwhile: before, the store kept its own lock across the wait, so ``record`` (run at the
+    end of every request) waited up to LOCK_SECONDS for another process's save."""
+    from localspec.engine import history_index
+
+    monkeypatch.setattr(history_index, "LOCK_SECONDS", 60.0)
+    path = tmp_path / "v.idx"
+    store = HistoryStore.open(path, "v", save_interval=3600)
+    store.record([], [100, 1, 2, 3])
+    store.flush()  # the first save is at once; the next one not for an hour
+    store.record([], [150, 1, 2, 3])
+    real_locked = HistoryIndex.locked
+    waiting = threading.Event()
+
+    @contextlib.contextmanager
+    def locked_noting_the_wait(p: Path, timeout: float | None = None) -> Iterator[None]:
+        waiting.set()
+        with real_locked(p, timeout):
+            yield
+
+    with real_locked(path):  # another process's save, in progress
+        monkeypatch.setattr(HistoryIndex, "locked", staticmethod(locked_noting_the_wait))
+        saver = threading.Thread(target=store.flush)
+        saver.start()
+        assert waiting.wait(timeout=30)
+        recorder = threading.Thread(target=store.record, args=([], [200, 1, 2, 3]))
+        recorder.start()
+        recorder.join(timeout=5)
+        assert not recorder.is_alive(), "record waited for another process's lock"
+        assert store.index.n_documents == 3
+    saver.join(timeout=30)
+    assert _held(path) == [100, 150]  # the save in flight took what there was when it began
+    store.close()
+    assert _held(path) == [100, 150, 200]
+
+
+def _held(path: Path) -> list[int]:
+    return [int(d[0]) for d in HistoryIndex.load(path, "v").documents()]
+
+
+def _during_the_next_save(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> None:
+    """Run ``act`` once inside the next save, after it has taken the file's lock."""
+    real = HistoryIndex.read_header
+
+    def read_then_act(path: Path) -> dict[str, object] | None:
+        monkeypatch.setattr(HistoryIndex, "read_header", staticmethod(real))
+        header = real(path)
+        act()
+        return header
+
+    monkeypatch.setattr(HistoryIndex, "read_header", staticmethod(read_then_act))
+
+
+def test_documents_recorded_during_a_merging_save_are_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "v.idx"
+    a = HistoryStore.open(path, "v", save_interval=3600)
+    a.record([], [50, 1, 2, 3])
+    a.flush()  # the first save is at once; the next one not for an hour
+    b = HistoryStore.open(path, "v", save_interval=3600)
+    b.record([], [100, 1, 2, 3])
+    b.close()
+    a.record([], [200, 1, 2, 3])
+    _during_the_next_save(monkeypatch, lambda: a.record([], [300, 1, 2, 3]))
+    a.flush()  # merges b's document in: a new index, which must still get 300
+    assert [int(d[0]) for d in a.index.documents()] == [50, 100, 200, 300]
+    assert _held(path) == [50, 100, 200]
+    a.close()
+    assert _held(path) == [50, 100, 200, 300]
+
+
+def test_documents_recorded_during_a_save_that_finds_a_clear_are_forgotten_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """They may predate the clear: keeping them could write cleared text back."""
+    path = history.index_path("serve", "v")
+    held = HistoryStore.open(path, "v", save_interval=3600)
+    held.record([], [100, 1, 2, 3])
+    held.flush()
+    held.record([], [200, 1, 2, 3])
+    history.clear()
+    _during_the_next_save(monkeypatch, lambda: held.record([], [300, 1, 2, 3]))
+    held.close()
+    assert held.index.n_documents == 0
+    assert _held(path) == []
+
+
+def test_a_file_store_that_cannot_save_keeps_no_more_than_its_index_holds(
+        tmp_path: Path) -> None:
+    """Documents kept for the next merge are bounded by the index's own limit: older ones
+    would be evicted by the merge anyway, and a cache that stays read-only for a long-running
+    serve must not grow them without end."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    store = HistoryStore.open(blocker / "v.idx", "v", max_tokens=30, save_interval=3600)
+    for i in range(20):
+        store.record([], [1000 + i, *range(9)])
+        with pytest.raises(OSError):
+            store.flush()
+    assert store.index.n_documents == 3
+    assert sum(len(doc) for doc, _ in store._unsaved) <= 30  # noqa: SLF001
+    assert [doc[0] for doc, _ in store._unsaved] == [1017, 1018, 1019]  # noqa: SLF001
+
+
+def test_a_file_system_that_cannot_lock_still_saves_and_clears(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A fake for a file system without flock (some network mounts), where filelock 3 raises
+    NotImplementedError: before, that escaped the save timer and ``history clear``."""
+    import filelock
+
+    def no_flock(self: object, *args: object, **kwargs: object) -> object:
+        raise NotImplementedError("FileSystem does not appear to support flock")
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", no_flock)
+    path = history.index_path("serve", "v")
+    store = HistoryStore.open(path, "v", save_interval=3600)
+    with caplog.at_level("WARNING"):
+        store.record([], [100, 1, 2, 3])
+        store.flush()
+    assert _held(path) == [100]
+    assert "writing it unlocked" in caplog.text
+    assert [f.documents for f in history.clear()] == [1]
+    store.record([], [200, 1, 2, 3])  # unsaved when the clear came, as far as it can tell
+    store.close()  # the clear is honoured without a lock too
+    assert _held(path) == []
 
 
 # -- the front ends --------------------------------------------------------------------------------

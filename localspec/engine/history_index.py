@@ -126,8 +126,9 @@ class HistoryIndex:
     """Token sequences seen before, bounded to ``max_tokens`` and to about ``max_bytes`` of
     memory (the oldest documents go first).
 
-    Not thread-safe for writers: one thread adds (the engine's); lookups and saves only read,
-    and every array is replaced, never changed in place, so a reader sees one state or the next.
+    Not thread-safe for writers: one thread adds (the engine's) and lookups only read; every
+    array is replaced, never changed in place, so a reader sees one state or the next. A save
+    from another thread writes a ``copy``, as the document lists do change in place.
     ``note`` is free text kept in the file for people (which model it was last saved for).
     """
 
@@ -257,13 +258,21 @@ class HistoryIndex:
         self._keys = np.insert(self._keys, at, keys)
         self._follow = np.insert(self._follow, at, follow)
 
-    def absorb(self, other: HistoryIndex) -> int:
-        """Add the documents of ``other`` (another process's save of the same file) that this
-        index does not hold, oldest first; returns how many were added."""
-        return sum(self.add(doc, marks) for doc, marks in other.marked_documents())
+    def copy(self) -> HistoryIndex:
+        """An index holding what this one holds now, which later adds to either leave alone.
+        Cheap: the arrays are shared, as nothing changes them in place."""
+        twin = HistoryIndex(self.vocabulary, self.max_tokens, self.max_bytes, self.note,
+                            self.n_vocab)
+        twin.epoch, twin.restored, twin.checksum = self.epoch, self.restored, self.checksum
+        twin._tokens, twin._marks = self._tokens, self._marks
+        twin._keys, twin._follow = self._keys, self._follow
+        twin._doc_lengths = list(self._doc_lengths)
+        twin._doc_digests = list(self._doc_digests)
+        twin._digest_set = set(self._digest_set)
+        return twin
 
     def _evict(self) -> None:
-        drop_docs = len(self._doc_lengths) - _newest_that_fit(self._doc_lengths,
+        drop_docs = len(self._doc_lengths) - newest_that_fit(self._doc_lengths,
                                                               self.token_limit)
         if not drop_docs:
             return
@@ -436,8 +445,19 @@ class HistoryIndex:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Not thread-local: one lock object per hold, so two threads exclude each other too.
         lock = FileLock(f"{path}.lock", mode=0o600, thread_local=False)
-        # filelock's Timeout is a TimeoutError
-        lock.acquire(timeout=LOCK_SECONDS if timeout is None else timeout)
+        try:
+            lock.acquire(timeout=LOCK_SECONDS if timeout is None else timeout)
+        except TimeoutError:  # filelock's Timeout is one
+            raise
+        except (OSError, NotImplementedError) as exc:
+            # A file system that cannot lock (filelock 3 raises NotImplementedError where
+            # flock is missing): writing unlocked, as before there was a lock, costs at
+            # worst a document another process wrote at the same moment; refusing would
+            # cost the whole history.
+            log.warning("cannot lock the history index %s (%s); writing it unlocked",
+                        path, exc or type(exc).__name__)
+            yield
+            return
         try:
             yield
         finally:
@@ -512,7 +532,7 @@ class HistoryIndex:
             if digest not in seen:  # two documents may end alike once cut
                 seen.add(digest)
                 held.append((doc, doc_marks, digest))
-        kept = held[len(held) - _newest_that_fit([len(d) for d, _, _ in held], limit):]
+        kept = held[len(held) - newest_that_fit([len(d) for d, _, _ in held], limit):]
         self._digest_set = {digest for _, _, digest in kept}
         self._doc_digests = [digest for _, _, digest in kept]
         self._doc_lengths = [len(doc) for doc, _, _ in kept]
@@ -533,7 +553,7 @@ def _cut(doc: np.ndarray, marks: np.ndarray, limit: int) -> tuple[np.ndarray, np
     return doc, marks
 
 
-def _newest_that_fit(lengths: Sequence[int], limit: int) -> int:
+def newest_that_fit(lengths: Sequence[int], limit: int) -> int:
     """How many of the newest documents fit in ``limit`` tokens together; at least one where
     there are any (``update`` cuts a document to the limit before it is added)."""
     total, kept = 0, 0

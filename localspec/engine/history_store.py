@@ -11,6 +11,10 @@ contents means another writer: the file's index is kept as it is (its evictions 
 this process's documents written since its last save are added to it, newest last. The read,
 the merge and the write hold the file's lock (``HistoryIndex.locked``), as a clear does, so no
 writer's save lands between another's read and its write.
+
+A save works on a copy of the index taken in memory, so the file's lock, the read and the
+write happen outside the store's own lock: a request that finishes while another process holds
+the file records its document at once, and the save puts it in the file next time.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .history_index import MARK_UNKNOWN, Continuation, ContinuationTree, HistoryIndex
+from .history_index import (
+    MARK_UNKNOWN,
+    Continuation,
+    ContinuationTree,
+    HistoryIndex,
+    newest_that_fit,
+)
 
 _Document = tuple[list[int], list[int] | None]  # tokens and their marks (None: unknown)
 
@@ -47,7 +57,10 @@ class HistoryStore:
         # Whether the index started empty for want of a usable file (missing, stale or
         # damaged): the caller may seed it (the chat app's saved conversations).
         self.fresh = not index.restored
-        self._lock = threading.Lock()  # one writer of the index and the file at a time
+        # Guards the index and the bookkeeping below; held for memory work only, never
+        # across a disk or the file's lock, so recording never waits for either.
+        self._lock = threading.Lock()
+        self._saving = threading.Lock()  # one save at a time, held across the disk
         self._dirty = False
         self._timer: threading.Timer | None = None
         self._last_save = 0.0
@@ -55,6 +68,7 @@ class HistoryStore:
         # What this process added or re-marked since its last save, oldest first: all it has
         # to add to a file another process wrote meanwhile.
         self._unsaved: list[_Document] = []
+        self._recorded = 0  # documents ever put in _unsaved: the newest are at its end
         # (epoch, checksum) of the file as this process last read or wrote it; None: no file.
         self._file: tuple[str, str] | None = None
         if index.restored and path is not None:
@@ -83,9 +97,7 @@ class HistoryStore:
         """A copy in memory that never touches the file (a benchmark's runs that must not
         teach the real history what they saw)."""
         with self._lock:
-            copy = HistoryIndex(self.index.vocabulary, self.index.max_tokens,
-                                self.index.max_bytes, n_vocab=self.index.n_vocab)
-            copy.absorb(self.index)
+            copy = self.index.copy()
         return HistoryStore(copy, prompt_tail=self.prompt_tail)
 
     # -- using it -----------------------------------------------------------------------------
@@ -126,9 +138,15 @@ class HistoryStore:
     # -- saving -------------------------------------------------------------------------------
     def _keep_unsaved(self, doc: list[int], marks: list[int] | None) -> None:
         """Under the lock: remember a document for merging into the file; a store with no
-        file never merges, so it keeps none."""
-        if self.path is not None:
-            self._unsaved.append((doc, marks))
+        file never merges, so it keeps none. Bounded like the index: where saves keep
+        failing, documents older than the newest ``token_limit`` tokens would be evicted by
+        the merge anyway."""
+        if self.path is None:
+            return
+        self._unsaved.append((doc, marks))
+        self._recorded += 1
+        kept = newest_that_fit([len(d) for d, _ in self._unsaved], self.index.token_limit)
+        del self._unsaved[:len(self._unsaved) - kept]
 
     def _changed(self) -> None:
         """Under the lock: the index changed; make sure a save is coming."""
@@ -147,10 +165,10 @@ class HistoryStore:
             if self._timer is not timer:
                 return  # a flush in between saved, and cancelled this one
             self._timer = None
-            try:
-                self._write()
-            except OSError as exc:  # a full or read-only cache costs only the history
-                log.warning("cannot save the history index %s: %s", self.path, exc)
+        try:
+            self._write()
+        except OSError as exc:  # a full or read-only cache costs only the history
+            log.warning("cannot save the history index %s: %s", self.path, exc)
 
     def flush(self) -> None:
         """Write the index now, if it changed since the last write."""
@@ -158,54 +176,77 @@ class HistoryStore:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self._write()
+        self._write()
 
     def _write(self) -> None:
-        """Under the lock. OSError (TimeoutError where another process holds the file's lock
-        too long) leaves the changes unsaved, for the next write."""
-        if not self._dirty or self.path is None:
-            return
-        with HistoryIndex.locked(self.path):
-            # A new index object where the file says so, never the live one changed in place:
-            # the engine's thread may be looking it up right now, without the lock.
-            self.index = self._synced(self.path)
-            self.index.save(self.path)
-        self._dirty = False
-        self._unsaved.clear()
-        self._last_save = time.monotonic()
-        self._file = (self.index.epoch, str(self.index.checksum))
+        """Save what changed. OSError (TimeoutError where another process holds the file's
+        lock too long) leaves the changes unsaved, for the next write."""
+        with self._saving:
+            with self._lock:
+                if not self._dirty or self.path is None:
+                    return
+                mine, unsaved, known = self.index.copy(), list(self._unsaved), self._file
+                taken = self._recorded
+            with HistoryIndex.locked(self.path):
+                written, outcome = self._synced(self.path, mine, unsaved, known)
+                written.save(self.path)
+            with self._lock:
+                self._saved(written, outcome, taken)
 
-    def _synced(self, path: Path) -> HistoryIndex:
-        """Before writing: the index to write, honouring a clear made since this process last
-        read the file and keeping what another process wrote there."""
-        mine = self.index
+    def _saved(self, written: HistoryIndex, outcome: str, taken: int) -> None:
+        """Under the lock, after a save of ``written``: make it the index, with what was
+        recorded while it was being written (the documents past the ``taken``-th)."""
+        since = self._recorded - taken
+        later = self._unsaved[-since:] if since else []
+        if outcome == "forgotten":
+            # Cleared or removed on purpose: what was recorded meanwhile may predate the clear.
+            later = []
+        if outcome != "kept":
+            for doc, marks in later:
+                written.update(doc, marks)
+            # A new index object, never the live one changed in place: the engine's thread
+            # may be looking it up right now, without the lock.
+            self.index = written
+        # "kept": the live index is what was written plus ``later`` already.
+        self._file = (written.epoch, str(written.checksum))
+        self._unsaved = list(later)
+        self._last_save = time.monotonic()
+        self._dirty = False
+        if later:
+            self._changed()
+
+    def _synced(self, path: Path, mine: HistoryIndex, unsaved: list[_Document],
+                known: tuple[str, str] | None) -> tuple[HistoryIndex, str]:
+        """Under the file's lock, before writing: the index to write, honouring a clear made
+        since this process last read the file (``known``) and keeping what another process
+        wrote there; and what that was: "kept" (``mine``), "merged" or "forgotten"."""
         header = HistoryIndex.read_header(path)
         if header is None or header.get("vocabulary") != mine.vocabulary:
-            if self._file is not None:  # it was there and is gone: removed on purpose
+            if known is not None:  # it was there and is gone: removed on purpose
                 log.info("history index %s was removed; forgetting this process's too", path)
-                return self._empty()
-            return mine
+                return self._empty(mine), "forgotten"
+            return mine, "kept"
         epoch, checksum = str(header.get("epoch")), str(header.get("sha256"))
-        cleared = self._file is not None and epoch != self._file[0]
-        if not cleared and self._file is not None and checksum == self._file[1]:
-            return mine  # nobody else wrote it
+        cleared = known is not None and epoch != known[0]
+        if not cleared and known is not None and checksum == known[1]:
+            return mine, "kept"  # nobody else wrote it
         other = HistoryIndex.load(path, mine.vocabulary, mine.max_tokens, mine.max_bytes,
                                   mine.n_vocab)
         if cleared:
             log.info("history index %s was cleared; forgetting this process's too", path)
-            return other if other.restored else self._empty()
+            return (other if other.restored else self._empty(mine)), "forgotten"
         if not other.restored:  # damaged since: this process's index replaces it
-            return mine
+            return mine, "kept"
         # The file as the other writer left it, then what this process added since its last
         # save: the newest documents, so evicted last. Documents of this process that the file
         # no longer holds were evicted there and stay evicted.
         other.note = mine.note
-        for doc, marks in self._unsaved:
+        for doc, marks in unsaved:
             other.update(doc, marks)
-        return other
+        return other, "merged"
 
-    def _empty(self) -> HistoryIndex:
-        mine = self.index
+    @staticmethod
+    def _empty(mine: HistoryIndex) -> HistoryIndex:
         return HistoryIndex(mine.vocabulary, mine.max_tokens, mine.max_bytes, note=mine.note,
                             n_vocab=mine.n_vocab)
 
