@@ -45,7 +45,7 @@ NON_TEXT_ARCHITECTURES = {"clip", "mmproj", "bert", "nomic-bert", "jina-bert-v2"
 # Weight types llama.cpp never repacks (see engine/repack.py): everything else is quantized.
 UNQUANTIZED_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
 # Bumped whenever GGUFInfo or the validation changes: older cache entries are then ignored.
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 # llama.cpp's limits (src/llama-hparams.h, llama-cpp-python 0.3.36): past them, and on the other
 # rules _check_hparams applies, llama_model_base::load_hparams or the graph builder fails a
@@ -326,6 +326,43 @@ def _tensor(r: _Reader, sizes: dict[int, tuple[str, int, int]]) -> _Tensor:
     return _Tensor(name, n, type_name, offset, n // block * block_bytes)
 
 
+# What llama.cpp refuses a file for (gguf.cpp, llama-vocab.cpp): (type, array item type), with
+# _NOT_ARRAY for a scalar; tokens' scores and types must also cover every token.
+_NOT_ARRAY = -1
+_TYPED_KEYS: dict[str, tuple[tuple[int, int], ...]] = {
+    "general.alignment": ((4, _NOT_ARRAY),),
+    "tokenizer.ggml.scores": ((_ARRAY, 5), (_ARRAY, 6)),
+    "tokenizer.ggml.token_type": ((_ARRAY, 5),),
+}
+_TYPE_NAMES = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6: "f32", 7: "bool",
+               8: "string", 9: "array", 10: "u64", 11: "i64", 12: "f64"}
+
+
+def _kind(r: _Reader, vtype: int) -> tuple[int, int]:
+    """(type, item type) of the value at the reader's position, which is left where it was."""
+    if vtype != _ARRAY:
+        return vtype, _NOT_ARRAY
+    start = r.pos
+    item_type = r.u32()
+    r.pos = start
+    return vtype, item_type
+
+
+def _check_kinds(kinds: dict[str, tuple[int, int]]) -> None:
+    for key, kind in kinds.items():
+        allowed = _TYPED_KEYS[key]
+        if kind not in allowed:
+            want = " or ".join(_type_name(k) for k in allowed)
+            raise _Corrupt(f"metadata key {key} is {_type_name(kind)}, not {want}")
+
+
+def _type_name(kind: tuple[int, int]) -> str:
+    vtype, item = kind
+    if vtype == _ARRAY:
+        return f"an array of {_TYPE_NAMES.get(item, f'type {item}')}"
+    return f"a {_TYPE_NAMES.get(vtype, f'type {vtype}')}"
+
+
 def _align(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
@@ -343,11 +380,24 @@ def _parse(path: Path, fh: BinaryIO, size: int, want_tokens: bool
     if n_kv * 13 > size or n_tensors * 25 > size:
         raise _Corrupt(f"it claims {n_kv} metadata keys and {n_tensors} tensors")
     meta: dict[str, Any] = {}
+    kinds: dict[str, tuple[int, int]] = {}  # the keys whose types llama.cpp checks
     for _ in range(n_kv):
         key = r.string().decode("utf-8", "replace")
-        meta[key] = _value(r, r.u32(), key, want_tokens)
+        if not key:
+            raise _Corrupt("a metadata key is empty")
+        if key in meta:
+            raise _Corrupt(f"metadata key {key} appears twice")
+        vtype = r.u32()
+        if key in _TYPED_KEYS:
+            kinds[key] = _kind(r, vtype)
+        meta[key] = _value(r, vtype, key, want_tokens)
+    _check_kinds(kinds)
     sizes = _ggml_sizes()
     tensors = [_tensor(r, sizes) for _ in range(n_tensors)]
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise _Corrupt(f"tensor {twice} appears twice")
     alignment = meta.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise _Corrupt(f"general.alignment is {alignment!r}, not a power of two")
@@ -413,6 +463,12 @@ def _read_file(path: Path, size: int, want_tokens: bool) -> tuple[dict[str, Any]
                         ) from None
 
 
+def _array_length(value: Any) -> int | None:
+    if isinstance(value, _ArrayInfo):
+        return value.count
+    return len(value) if isinstance(value, list) else None
+
+
 def _file_type_name(value: Any) -> str | None:
     if not isinstance(value, int):
         return None
@@ -472,6 +528,11 @@ def _info(path: Path, size: int, meta: dict[str, Any], tensors: list[_Tensor]) -
         # uses one: it is an encoder's (BERT's) tokenizer.
         raise GGUFError(f"{path}: a BERT (WordPiece) vocabulary, an encoder's tokenizer; "
                         "localspec runs text generators")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        held = _array_length(meta.get(key))
+        if held is not None and held < tokens.count:
+            raise GGUFError(f"{path}: {key} holds {held} values for {tokens.count} tokens "
+                            "(a damaged vocabulary)")
     _check_hparams(path, meta, arch)
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     add_eos = meta.get("tokenizer.ggml.add_eos_token")

@@ -15,7 +15,7 @@ import pytest
 from localspec import gguf_meta
 from localspec.cli.guard import log_path, run_guarded
 from localspec.errors import GGUFError
-from localspec.models.tiny import TinyModelSpec, write_tiny_model
+from localspec.models.tiny import TinyModelSpec, Typed, write_tiny_model
 
 from .conftest import run_cli
 
@@ -58,6 +58,63 @@ def bad_files(models_dir: Path) -> dict[str, Path]:
     folder = models_dir / "bad"
     return {name: write_tiny_model(folder / f"{name}.gguf", spec)
             for name, (spec, _) in BAD.items()}
+
+
+# Files llama.cpp refuses with a load error, not an abort: refused by localspec as well, so
+# that inspect, list and pair add agree with run. name -> (shape, bytes replaced in the written
+# file (the writer cannot write these), what the refusal names)
+REFUSED: dict[str, tuple[TinyModelSpec, tuple[bytes, bytes] | None, str]] = {
+    "alignment-u64": (TinyModelSpec(metadata=(("general.alignment", Typed(32, "UINT64")),)),
+                      None, "general.alignment is a u64, not a u32"),
+    "scores-strings": (TinyModelSpec(metadata=(("tokenizer.ggml.scores",
+                                                Typed(("a", "b"), "STRING")),)),
+                       None, "tokenizer.ggml.scores is an array of string, not an array of "
+                       "i32 or an array of f32"),
+    "types-floats": (TinyModelSpec(metadata=(("tokenizer.ggml.token_type", (1.0, 1.0)),)),
+                     None, "token_type is an array of f32, not an array of i32"),
+    "scores-short": (TinyModelSpec(metadata=(("tokenizer.ggml.scores", (0.0, 0.0, 0.0)),)),
+                     None, "tokenizer.ggml.scores holds 3 values for"),
+    "types-short": (TinyModelSpec(metadata=(("tokenizer.ggml.token_type",
+                                             Typed((1, 1), "INT32")),)),
+                    None, "tokenizer.ggml.token_type holds 2 values for"),
+    "key-empty": (TinyModelSpec(metadata=(("", "x"),)), None, "a metadata key is empty"),
+    "key-twice": (TinyModelSpec(metadata=(("general.namf", "x"),)),
+                  (b"general.namf", b"general.name"), "general.name appears twice"),
+    "tensor-twice": (TinyModelSpec(), (b"blk.0.attn_k.weight", b"blk.0.attn_q.weight"),
+                     "tensor blk.0.attn_q.weight appears twice"),
+}
+
+
+@pytest.fixture(scope="session")
+def refused_files(models_dir: Path) -> dict[str, Path]:
+    folder = models_dir / "refused"
+    files = {}
+    for name, (spec, patch, _) in REFUSED.items():
+        path = write_tiny_model(folder / f"{name}.gguf", spec)
+        if patch is not None:
+            data = path.read_bytes()
+            assert data.count(patch[0]) == 1
+            path.write_bytes(data.replace(*patch))
+        files[name] = path
+    return files
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_files_llama_cpp_refuses_are_refused_before_it_loads_them(
+        refused_files: dict[str, Path], name: str) -> None:
+    path = refused_files[name]
+    code = ("import sys, llama_cpp as l\n"
+            "l.llama_backend_init()\n"
+            "m = l.llama_model_load_from_file(sys.argv[1].encode(), "
+            "l.llama_model_default_params())\n"
+            "sys.exit(3 if m else 0)\n")
+    native = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                            text=True, timeout=120)
+    assert native.returncode == 0, "llama.cpp loads it now: the rule can go"
+    with pytest.raises(GGUFError, match=REFUSED[name][2]):
+        gguf_meta.read_gguf_info(path)
+    proc = run_cli("inspect", str(path))
+    assert proc.returncode == 1 and REFUSED[name][2] in _one_error_line(proc.stderr)
 
 
 def _one_error_line(stderr: str) -> str:

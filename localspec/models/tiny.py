@@ -26,7 +26,16 @@ CHAT_TEMPLATE = (
 )
 
 
-MetadataValue = bool | int | float | str | tuple[int | float | str, ...] | None
+@dataclass(frozen=True, slots=True)
+class Typed:
+    """A metadata value written as the GGUF type named (``gguf.GGUFValueType``'s name, such as
+    "UINT64"), or, for a tuple, an array of that type: the types the defaults do not pick."""
+
+    value: int | float | str | tuple[int | float | str, ...]
+    type_name: str
+
+
+MetadataValue = bool | int | float | str | tuple[int | float | str, ...] | Typed | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,7 @@ class TinyModelSpec:
     # Metadata keys set after (and over) the ones written from the fields above, to craft files
     # with unusual or impossible hyperparameters: ints are written as u32 (as GGUF counts are;
     # negative ones as i32), floats as f32, strings and bools as such, tuples as arrays of
-    # those; None removes the key.
+    # those; ``Typed`` for other types; None removes the key.
     metadata: tuple[tuple[str, MetadataValue], ...] = ()
 
 
@@ -156,6 +165,13 @@ def _set_key(writer: Any, key: str, value: MetadataValue) -> None:
 
     writer.kv_data[0].pop(key, None)  # an override, not a duplicate key (the writer warns)
     if value is None:
+        return
+    if isinstance(value, Typed):
+        vtype = GGUFValueType[value.type_name]
+        if isinstance(value.value, tuple):
+            writer.add_key_value(key, list(value.value), GGUFValueType.ARRAY, sub_type=vtype)
+        else:
+            writer.add_key_value(key, value.value, vtype)
         return
     if isinstance(value, tuple):
         if not value:
