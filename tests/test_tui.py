@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual import events
 from textual.app import App
 from textual.message import Message
 from textual.screen import Screen
@@ -144,6 +145,27 @@ class SlowEngine(LocalChatEngine):
 
 def slow_factory(spec: EngineSpec) -> SlowEngine:
     return SlowEngine(load_engine(spec), spec.display_name)
+
+
+async def test_text_typed_right_after_enter_stays_in_the_box(
+        make_app: Callable[..., LocalspecApp]) -> None:
+    """Keys in one burst (a fast typist, a paste without bracketed paste) reach the box before
+    the screen handles the Enter: emptying the box then dropped them."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None)
+        box = app.chat.prompt_box
+        box.focus()
+        await pilot.pause()
+        for key, char in [("h", "h"), ("i", "i"), ("enter", "\r"), ("n", "n"), ("e", "e"),
+                          ("x", "x"), ("t", "t")]:
+            key_event = events.Key(key, char)
+            key_event.set_sender(app)
+            app._driver.send_message(key_event)  # noqa: SLF001  one burst, as a terminal sends
+        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: not app.chat.generating)
+        assert [m.text for m in app.chat._messages() if m.role == "user"] == ["hi"]
+        assert box.text == "next"
 
 
 async def test_escape_stops_a_generation(make_app: Callable[..., LocalspecApp]) -> None:

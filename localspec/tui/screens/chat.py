@@ -235,7 +235,7 @@ class ChatScreen(Screen[None]):
                                     kept_in_box=True)
         if stored is None:
             return
-        event.prompt_box.clear()
+        event.prompt_box.take(event.text)
         msg = ChatMessage("user", text)
         msg.message_id = stored.id  # type: ignore[attr-defined]
         await self.query_one("#conversation").mount(msg)

@@ -47,6 +47,15 @@ class PromptBox(TextArea, inherit_bindings=False):
         super().__init__(placeholder=placeholder, id=id, soft_wrap=True, show_line_numbers=False,
                          tab_behavior="focus", highlight_cursor_line=False)
 
+    def take(self, sent: str) -> None:
+        """Remove the text that was sent, keeping what was typed after Enter (keys that came
+        in the same burst arrive before the screen handles ``Submitted``)."""
+        rest = self.text[len(sent):] if self.text.startswith(sent) else None
+        if rest is None:
+            return  # edited before it could be taken: leave it all rather than lose any
+        self.text = rest
+        self.move_cursor(self.document.end)
+
     def on_key(self, event: events.Key) -> None:
         # Before TextArea's own key handling (which inserts a newline on Enter).
         if event.key == "enter":
