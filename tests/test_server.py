@@ -382,6 +382,11 @@ def test_raw_http_errors(server: BackgroundServer) -> None:
     error = r.json()["error"]
     assert error["param"] == "prompt"
     assert error["message"].startswith("token id 1000000 is outside the vocabulary (0..")
+    for role in (["user"], {"a": 1}):  # unhashable: a set lookup raised TypeError, a 500
+        r = httpx.post(server.url + "/v1/chat/completions",
+                       json={"messages": [{"role": role, "content": "hi"}], "max_tokens": 2})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "messages[0].role"
 
 
 def test_deeply_nested_json_is_400_and_the_connection_survives(

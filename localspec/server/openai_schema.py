@@ -214,7 +214,7 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         if not isinstance(msg, dict):
             raise bad_param(where, f"'{where}' must be an object")
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             if role in ("tool", "function"):
                 raise unsupported(f"{where}.role", "tool calls are not supported")
             raise bad_param(f"{where}.role",
