@@ -399,7 +399,7 @@ def _parse(path: Path, fh: BinaryIO, size: int, want_tokens: bool
         twice = next(n for n in names if names.count(n) > 1)
         raise _Corrupt(f"tensor {twice} appears twice")
     alignment = meta.get("general.alignment", 32)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    if alignment <= 0 or alignment & (alignment - 1):  # a u32 by _check_kinds
         raise _Corrupt(f"general.alignment is {alignment!r}, not a power of two")
     # The size now, not at the start: a file cut in its weights while the header was read is
     # then "truncated" too.

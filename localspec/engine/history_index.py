@@ -455,7 +455,7 @@ class HistoryIndex:
             # worst a document another process wrote at the same moment; refusing would
             # cost the whole history.
             log.warning("cannot lock the history index %s (%s); writing it unlocked",
-                        path, exc or type(exc).__name__)
+                        path, str(exc) or type(exc).__name__)
             yield
             return
         try:

@@ -50,10 +50,9 @@ class PromptBox(TextArea, inherit_bindings=False):
     def take(self, sent: str) -> None:
         """Remove the text that was sent, keeping what was typed after Enter (keys that came
         in the same burst arrive before the screen handles ``Submitted``)."""
-        rest = self.text[len(sent):] if self.text.startswith(sent) else None
-        if rest is None:
+        if not self.text.startswith(sent):
             return  # edited before it could be taken: leave it all rather than lose any
-        self.text = rest
+        self.text = self.text[len(sent):]
         self.move_cursor(self.document.end)
 
     def on_key(self, event: events.Key) -> None:
