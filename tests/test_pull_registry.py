@@ -77,8 +77,7 @@ def _leftovers(store: Path) -> list[Path]:
 
 
 def _partial(store: Path, digest: str) -> Path:
-    final = _blob(store, digest)
-    return final.with_name(final.name + ".partial")
+    return registry_client.partial_path(_blob(store, digest))
 
 
 def _sha256(path: Path) -> str:
@@ -154,6 +153,16 @@ def test_plain_http_needs_insecure(registry: RegistryServer, tiny: OllamaModel) 
         pull("tiny", registry=registry.url, insecure=False)
 
 
+def test_a_name_that_says_http_is_pulled_over_http_only_with_insecure(
+        registry: RegistryServer, tiny: OllamaModel, store: Path) -> None:
+    name = f"http://{registry.host}/library/tiny:1b"
+    with pytest.raises(PullError, match=r"is plain http; pass --insecure"):
+        pull(name)
+    assert not (store / "manifests").exists()
+    resolved = pull(name, insecure=True)
+    assert resolved.gguf_path.read_bytes() == tiny.model_layer.data
+
+
 def test_missing_tag(registry: RegistryServer, tiny: OllamaModel, store: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="no such model or tag"):
         pull("tiny:70b", registry=registry.url, insecure=True)
@@ -172,7 +181,7 @@ def test_resume_after_interrupted_blob(registry: RegistryServer, tiny: OllamaMod
 
     with pytest.raises(PullError, match="cancelled"):
         pull("tiny", registry=registry.url, insecure=True, progress=interrupt, cancel=cancel)
-    partial = _blob(store, model_digest).with_name(_blob(store, model_digest).name + ".partial")
+    partial = _partial(store, model_digest)
     assert partial.is_file() and 0 < partial.stat().st_size < len(tiny.model_layer.data)
     # Nothing looks complete: no final blob, no manifest, and the store does not resolve it.
     assert not _blob(store, model_digest).exists()
@@ -193,12 +202,55 @@ def test_resume_from_a_killed_process(registry: RegistryServer, tiny: OllamaMode
                                       store: Path) -> None:
     # What a killed pull leaves behind: half a blob under its temporary name.
     data = tiny.model_layer.data
-    partial = _blob(store, tiny.model_layer.digest).with_name(
-        _blob(store, tiny.model_layer.digest).name + ".partial")
+    partial = _partial(store, tiny.model_layer.digest)
     partial.parent.mkdir(parents=True)
     partial.write_bytes(data[: len(data) // 2])
     resolved = pull("tiny", registry=registry.url, insecure=True)
     assert resolved.gguf_path.read_bytes() == data
+
+
+def _prune_like_ollama(store: Path) -> None:
+    """What Ollama's PruneLayers does when it starts: every file in blobs/ that is not named
+    like a digest is deleted (the real daemon cannot run here)."""
+    blobs = store / "blobs"
+    for path in blobs.iterdir() if blobs.is_dir() else ():
+        if not re.fullmatch(r"sha256-[0-9a-f]{64}", path.name):
+            path.unlink()
+
+
+def test_ollama_starting_mid_download_does_not_break_the_pull(
+        registry: RegistryServer, tiny: OllamaModel, store: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry_client, "CHUNK_SIZE", 32 * 1024)
+    digest = tiny.model_layer.digest
+    pruned: list[int] = []
+
+    def prune_once(event: PullProgress) -> None:
+        if event.digest == digest and event.completed >= 64 * 1024 and not pruned:
+            pruned.append(event.completed)
+            _prune_like_ollama(store)
+
+    resolved = pull("tiny", registry=registry.url, insecure=True, progress=prune_once)
+    assert pruned
+    assert resolved.gguf_path.read_bytes() == tiny.model_layer.data
+    assert _leftovers(store) == []
+
+
+def test_a_download_deleted_before_its_rename_is_one_line(
+        registry: RegistryServer, tiny: OllamaModel, store: Path) -> None:
+    digest = tiny.model_layer.digest
+
+    def delete_when_verifying(event: PullProgress) -> None:
+        if event.digest == digest and event.status == "verifying":
+            _partial(store, digest).unlink()
+
+    with pytest.raises(PullError, match="was deleted before it reached the store; run the "
+                                        "pull again"):
+        pull("tiny", registry=registry.url, insecure=True, progress=delete_when_verifying)
+    assert not _blob(store, digest).exists()
+    # The next pull starts over and completes.
+    assert pull("tiny", registry=registry.url, insecure=True).gguf_path.read_bytes() == \
+        tiny.model_layer.data
 
 
 def test_corrupted_blob_is_rejected_and_not_kept(registry: RegistryServer, store: Path,
@@ -214,7 +266,7 @@ def test_corrupted_blob_is_rejected_and_not_kept(registry: RegistryServer, store
         pull("damaged", registry=registry.url, insecure=True)
     final = _blob(store, model.model_layer.digest)
     assert not final.exists()
-    assert not final.with_name(final.name + ".partial").exists()
+    assert not _partial(store, model.model_layer.digest).exists()
     assert not (store / "manifests/registry.ollama.ai/library/damaged").exists()
 
 

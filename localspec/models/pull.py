@@ -136,6 +136,9 @@ def pull(name: str, *, registry: str | None = None, insecure: bool = False,
     (unless ``registry`` names a mirror, which only the direct path can use); with none, the
     registry is spoken to directly.
     """
+    if name.strip().lower().startswith("http://") and not insecure:
+        # The name says plain http; pulling it over https instead would be a silent switch.
+        raise PullError(f"{name.strip()} is plain http; pass --insecure to pull from it")
     parsed = ollama_store.parse_name(name)
     report = progress or (lambda _p: None)
     before = _whole(parsed, verify, report, cancel)

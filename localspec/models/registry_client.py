@@ -7,8 +7,11 @@ model later. Interrupt safety, in order of the steps:
 * one writer per blob, across processes and threads: the blob's lock (:mod:`.blob_lock`) is held
   while its ``.partial`` is written, resumed, verified and renamed; a pull that finds the lock
   taken waits (saying so), then looks again and skips a blob the other pull completed;
-* each blob is written to ``blobs/sha256-<hex>.partial`` and fsynced, its sha256 checked, and only
-  then renamed to its final name; a damaged download is deleted, never kept;
+* each blob is written to ``.localspec-partials/sha256-<hex>.partial`` and fsynced, its sha256
+  checked, and only then renamed into ``blobs/``; a damaged download is deleted, never kept. The
+  partial stays out of ``blobs/`` because Ollama deletes every file there whose name is not a
+  digest when it starts (its blob pruning), which would pull a half-written blob from under us;
+* a partial that vanishes all the same (deleted by hand) is one line, and the next pull restarts;
 * an interrupted ``.partial`` is resumed with an HTTP range request (its bytes are re-hashed first);
 * the manifest is written last, to a temporary name, fsynced and renamed, so a model never looks
   complete before all its blobs are.
@@ -62,9 +65,13 @@ class PullProgress:
 ProgressCallback = Callable[[PullProgress], None]
 
 
+PARTIAL_DIR = ".localspec-partials"
+
+
 def partial_path(dest: Path) -> Path:
-    """Where the blob ``dest`` is downloaded (and resumed) before it is verified and renamed."""
-    return dest.with_name(dest.name + ".partial")
+    """Where the blob ``dest`` (``<store>/blobs/<name>``) is downloaded and resumed before it is
+    verified and renamed: beside ``blobs/``, on the same file system, out of Ollama's pruning."""
+    return dest.parent.parent / PARTIAL_DIR / (dest.name + ".partial")
 
 
 def waiting_reporter(report: ProgressCallback, digest: str, size: int,
@@ -220,7 +227,15 @@ class RegistryClient:
             raise PullError(f"{name}: layer {digest[:19]} failed verification (got {offset} "
                             f"bytes, {actual[:19]}); the damaged download was discarded, pull "
                             "again or try another registry")
-        os.replace(partial, dest)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial, dest)
+        except FileNotFoundError as exc:
+            raise PullError(f"the download of {digest[:19]} ({partial}) was deleted before it "
+                            "reached the store; run the pull again") from exc
+        except OSError as exc:
+            raise PullError(f"cannot move {partial} into {dest.parent} ({exc.strerror}); check "
+                            "the store's permissions") from exc
         fsync_dir(dest.parent)
         report(PullProgress(digest, size, size, "done"))
 
