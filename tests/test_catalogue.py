@@ -215,7 +215,12 @@ def test_pair_add_and_remove_edit_the_users_file_in_place(target_gguf: Path,
         {"name": "new", "target": str(target_gguf), "draft": str(draft_gguf),
          "draft_mode": "model", "why": "fresh"}]
 
-    add_user_pair("a", str(target_gguf), str(draft_gguf), draft_mode="lookup", why="replaced")
+    with pytest.raises(ConfigError, match=r"already have a pair named 'a' \(t:1 \+ d:1\).*"
+                                          "--replace"):
+        add_user_pair("a", str(target_gguf), str(draft_gguf), why="replaced")
+    assert path.read_text() == text  # refused: nothing written, its note kept
+    add_user_pair("a", str(target_gguf), str(draft_gguf), draft_mode="lookup", why="replaced",
+                  replace=True)
     replaced = path.read_text()
     assert replaced.startswith("# my pairs, by hand\n\n[[pair]]\nname = \"a\"  # the old one\n"
                                f"# its target:\ntarget = '{target_gguf}'\n")
@@ -227,6 +232,17 @@ def test_pair_add_and_remove_edit_the_users_file_in_place(target_gguf: Path,
     removed = path.read_text()
     assert removed == "# my pairs, by hand\n\n" + replaced[replaced.index("# b is for work"):]
     assert set(catalogue.user_pairs()) == {"b", "new"}
+
+
+@pytest.mark.parametrize("name", ["mine\n", "my pair", "a:b", "../x", "-x"])
+def test_a_pair_name_that_is_not_one_is_refused_typed_or_in_the_file(
+        name: str, target_gguf: Path, draft_gguf: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a pair name"):
+        add_user_pair(name, str(target_gguf), str(draft_gguf))
+    entry = 'name = """' + name + '"""' if "\n" in name else f"name = {name!r}"
+    _user_file(f"[[pair]]\n{entry}\ntarget = 't:1'\ndraft = 'd:1'\n")
+    with pytest.raises(ConfigError, match="line 1: .* is not a pair name"):
+        catalogue.user_pairs()
 
 
 @pytest.mark.parametrize(("text", "match"), [

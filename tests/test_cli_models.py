@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from localspec.cli import main
+from localspec.errors import ConfigError, ModelNotFoundError
 from localspec.files import temporary_name
 from localspec.models.catalogue import user_pairs_path
 from tests.ollama_helpers import (
@@ -71,6 +72,28 @@ def test_list_reports_malformed_user_file(capsys: pytest.CaptureFixture[str]) ->
     assert main(["list"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(path) in err and "line 3" in err
+
+
+def test_a_broken_pair_file_hides_only_the_users_pairs(
+        tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from localspec.cli.pull import models_to_pull
+    from localspec.models.catalogue import find_pair
+
+    path = _user_file('[[pair]]\nname = "x"\ntarget = oops\n')
+    assert main(["list"]) == 1
+    out, err = capsys.readouterr()
+    assert "tiny:big" in out and "qwen2.5-coder-32b" in out  # models and shipped pairs
+    assert err.count("\n") == 1 and str(path) in err and "line 3" in err
+    assert main(["list", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert "line 3" in data["pairs_error"] and data["models"]
+    # A model name that no pair can have is resolved without the pair file.
+    assert models_to_pull("tiny:big") == (["tiny:big"], False)
+    assert models_to_pull("library/tiny") == (["library/tiny"], False)
+    with pytest.raises(ModelNotFoundError):
+        find_pair("tiny:big")
+    with pytest.raises(ConfigError, match="line 3"):
+        find_pair("tiny")  # could be a pair of that file: its error is said
 
 
 def test_suggest(tiny_pair: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,6 +100,21 @@ def test_missing_manifest_says_pull(store: Path) -> None:
         ollama_store.resolve("nothing")
 
 
+def test_a_folder_or_stray_file_in_the_cwd_does_not_hide_the_model(
+        store: Path, target_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_gguf(store, "tiny", target_gguf)
+    work = tmp_path / "work"
+    (work / "tiny").mkdir(parents=True)  # a project folder named like the model
+    (work / "tiny:latest").write_text("notes")  # a stray file named like it
+    (work / "mine").write_bytes(target_gguf.read_bytes())  # a model file with no .gguf
+    monkeypatch.chdir(work)
+    in_store = ollama_store.resolve("tiny").gguf_path
+    assert resolve_model("tiny") == in_store
+    assert resolve_model("tiny:latest") == in_store
+    assert resolve_model("./tiny:latest") == Path("./tiny:latest")  # a path reaches the file
+    assert resolve_model("mine") == Path("mine")  # no such model: the file it names
+
+
 def test_missing_blob_says_pull(store: Path, target_gguf: Path) -> None:
     model = install_gguf(store, "tiny", target_gguf)
     (store / "blobs" / model.model_layer.digest.replace(":", "-")).unlink()

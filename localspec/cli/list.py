@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
+
+from ..errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -58,14 +61,22 @@ def _compat(value: bool | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..formatting import printable
-    from ..models.catalogue import load_pairs, pair_status
+    from ..models.catalogue import load_pairs, pair_status, shipped_pairs
     from .formatting import table
 
-    pairs = [pair_status(p).to_json() for p in load_pairs().values()]
+    # A broken pair file of the user's hides their pairs, not the rest: the shipped pairs and
+    # the models are listed, and the file's error is said last, with a failing exit.
+    try:
+        loaded = load_pairs()
+        problem = None
+    except ConfigError as exc:
+        loaded, problem = shipped_pairs(), exc.message
+    pairs = [pair_status(p).to_json() for p in loaded.values()]
     models = _local_models()
     if args.json:
-        print(json.dumps({"pairs": pairs, "models": models}, indent=2))
-        return 0
+        print(json.dumps({"pairs": pairs, "models": models,
+                          **({"pairs_error": problem} if problem else {})}, indent=2))
+        return _said(problem)
     rows = [[p["name"], p["target"] + _absence(p, "target"), p["draft"] + _absence(p, "draft"),
              p["draft_mode"], _compat(p["compatible"]), p["source"]] for p in pairs]
     print(table(rows, ["PAIR", "TARGET", "DRAFT", "MODE", "COMPATIBLE", "SOURCE"]))
@@ -75,10 +86,20 @@ def run(args: argparse.Namespace) -> int:
     print()
     if not models:
         print("no local models (localspec pull NAME|PAIR)")
+    else:
+        print(table([_model_row(m) for m in models], ["MODEL", "SIZE", "QUANT", "PARAMS",
+                                                      "ARCH"]))
+    return _said(problem)
+
+
+def _said(problem: str | None) -> int:
+    """The pair file's error, if any, on stderr after the listing: 1; else 0."""
+    if problem is None:
         return 0
-    rows = [_model_row(m) for m in models]
-    print(table(rows, ["MODEL", "SIZE", "QUANT", "PARAMS", "ARCH"]))
-    return 0
+    from ..formatting import printable
+
+    print(printable(f"localspec: your pairs are not listed: {problem}"), file=sys.stderr)
+    return 1
 
 
 def _model_row(m: dict[str, Any]) -> list[str]:

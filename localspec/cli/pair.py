@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="Ollama name or .gguf path (a path is saved absolute)")
     add.add_argument("--draft-mode", choices=DRAFT_MODES, default="model")
     add.add_argument("--why", default="", help="a note shown in `localspec list`")
+    add.add_argument("--replace", action="store_true",
+                     help="replace your pair of the same name (its note too)")
     add.set_defaults(func=run_add)
     remove = actions.add_parser("remove", help="delete one of your pairs")
     remove.add_argument("name", metavar="NAME")
@@ -59,7 +61,7 @@ def run_add(args: argparse.Namespace) -> int:
 
     target, draft = stored_ref(args.target), stored_ref(args.draft)
     pair = _saving(lambda: add_user_pair(args.name, target, draft, args.draft_mode,
-                                         why=args.why))
+                                         why=args.why, replace=args.replace))
     print(f"saved pair {pair.name} ({pair.target} + {pair.draft}) to {user_pairs_path()}")
     return 0
 

@@ -35,10 +35,10 @@ def models_to_pull(name: str) -> tuple[list[str], bool]:
 
     A name written as a path must be a file: a missing one is "no such file", not an attempt
     to pull it from a registry."""
-    from ..models.catalogue import load_pairs
+    from ..models.catalogue import can_name_pair, load_pairs
     from ..models.names import is_path_ref, looks_like_path, resolve_model
 
-    pair = load_pairs().get(name)
+    pair = load_pairs().get(name) if can_name_pair(name) else None
     if pair is not None:
         return [ref for ref in (pair.target, pair.draft) if not is_path_ref(ref)], True
     if looks_like_path(name):

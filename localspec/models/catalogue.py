@@ -34,7 +34,22 @@ from .names import display_name, resolve_model
 
 log = logging.getLogger(__name__)
 
-_PAIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# Matched whole (fullmatch: "$" would let a trailing newline through). No ':' or '/': a pair's
+# name must never read as an Ollama name or a path.
+_PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
+def can_name_pair(name: str) -> bool:
+    """Whether ``name`` could be a pair's: an Ollama name with a tag or a namespace, or a .gguf
+    file, never is, so it is resolved without reading the pair files (a broken one of which
+    must not block models that are no pair)."""
+    return _PAIR_NAME.fullmatch(name) is not None and not name.lower().endswith(".gguf")
+
+
+def _check_pair_name(name: str, where: str) -> None:
+    if not can_name_pair(name):
+        raise ConfigError(f"{where}{name!r} is not a pair name (letters, digits, '.', '_', '-', "
+                          "starting with a letter or digit, not ending in .gguf)")
 Source = Literal["shipped", "user"]
 
 
@@ -160,6 +175,7 @@ def parse_pairs(text: str, label: str, source: Source) -> dict[str, Pair]:
         unknown = set(entry) - set(_KEYS)
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        _check_pair_name(entry["name"], f"{where}: ")
         if entry["name"] in pairs:
             # Not last-wins: which of the two the user meant is theirs to say.
             raise ConfigError(f"{where}: pair {entry['name']!r} is defined twice (first at line "
@@ -201,6 +217,8 @@ def load_pairs() -> dict[str, Pair]:
 
 def find_pair(name: str) -> Pair:
     """The pair called ``name``; ModelNotFoundError listing close names when there is none."""
+    if not can_name_pair(name):
+        raise ModelNotFoundError(f"no pair named {name!r}; `localspec list` shows them")
     pairs = load_pairs()
     if name in pairs:
         return pairs[name]
@@ -288,10 +306,17 @@ def _write_user_pairs(name: str, pair: Pair | None) -> Pair | None:
 
 
 def add_user_pair(name: str, target: str, draft: str, draft_mode: str = "model",
-                  why: str = "") -> Pair:
-    """Validate the pair on its real files, then save it to the user's catalogue."""
-    if not _PAIR_NAME.match(name) or ":" in name:
-        raise ConfigError(f"{name!r} is not a pair name (letters, digits, '.', '_', '-')")
+                  why: str = "", replace: bool = False) -> Pair:
+    """Validate the pair on its real files, then save it to the user's catalogue. A pair of
+    the same name already there is replaced only when asked (``replace``): it may carry a note
+    the user wrote."""
+    _check_pair_name(name, "")
+    if not replace:
+        path = user_pairs_path()
+        old = parse_pairs(_read_user_file(path) or "", str(path), "user").get(name)
+        if old is not None:
+            raise ConfigError(f"you already have a pair named {name!r} ({old.target} + "
+                              f"{old.draft}) in {path}; add --replace to replace it")
     if draft_mode not in DRAFT_MODES:
         raise ConfigError(f"draft mode {draft_mode!r} is not one of {', '.join(DRAFT_MODES)}")
     validate_pair(resolve_model(target), resolve_model(draft))

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import GGUFError
+from ..errors import DamagedModelError, GGUFError, LocalspecError
 from . import ollama_store
 
 
 def is_path_ref(ref: str) -> bool:
     """True when ``ref`` names a file rather than an Ollama model: it looks like a path (see
-    ``looks_like_path``) or exists on disk."""
-    return looks_like_path(ref) or _exists(Path(ref).expanduser())
+    ``looks_like_path``), or it is a file here and no model in the store has that name. A
+    folder never is, and a stray file named like a model (``./llama3``) does not hide the model:
+    ``./llama3`` reaches the file."""
+    if looks_like_path(ref):
+        return True
+    return _on_disk(Path(ref).expanduser(), Path.is_file) and not _in_store(ref)
+
+
+def _in_store(ref: str) -> bool:
+    """Whether the Ollama store has a model called ``ref`` (whole or damaged)."""
+    try:
+        ollama_store.resolve(ref)
+    except DamagedModelError:
+        return True
+    except (LocalspecError, ValueError):
+        return False
+    return True
 
 
 def looks_like_path(ref: str) -> bool:
@@ -20,11 +36,11 @@ def looks_like_path(ref: str) -> bool:
     return ref.lower().endswith(".gguf") or ref.startswith(("/", "./", "../", "~"))
 
 
-def _exists(path: Path) -> bool:
+def _on_disk(path: Path, check: Callable[[Path], bool] = Path.exists) -> bool:
     # A name no file can have (too long, a NUL byte in it) is not a file, not an error: a
     # prompt typed where a pair name goes must get the usual "no such pair" line.
     try:
-        return path.exists()
+        return check(path)
     except (OSError, ValueError):
         return False
 
@@ -38,7 +54,7 @@ def resolve_model(ref: str) -> Path:
     """
     if is_path_ref(ref):
         path = Path(ref).expanduser()
-        if not _exists(path):
+        if not _on_disk(path):
             raise GGUFError(f"{path}: no such file")
         if not path.is_file():
             raise GGUFError(f"{path}: not a file")
