@@ -53,9 +53,14 @@ class ModelLoadError(LocalspecError):
 
 
 class ChatTemplateError(LocalspecError):
-    """A model's chat template that Jinja cannot compile or render."""
+    """A model's chat template that Jinja cannot compile or render. ``problem`` says what failed;
+    ``message`` adds what the command line can do about it (a server says its own remedy)."""
 
     title = "Chat template"
+
+    def __init__(self, problem: str, remedy: str) -> None:
+        super().__init__(f"{problem}; {remedy}")
+        self.problem = problem
 
 
 class ContextOverflowError(LocalspecError):

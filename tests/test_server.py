@@ -469,6 +469,88 @@ def test_parse_request_maps_onto_the_engine() -> None:
         parse_request({"prompt": "x", "echo": True}, "completion", cfg)
 
 
+def test_null_fields_are_fields_left_out() -> None:
+    """Typed clients send every field, the unset ones as null, and resend an earlier reply's
+    message as the SDK dumps it (refusal, tool_calls ... null): all served, not refused."""
+    cfg = ServerConfig(model_id=MODEL)
+    dumped = {"role": "assistant", "content": "hi", "refusal": None, "tool_calls": None,
+              "function_call": None, "audio": None, "annotations": []}
+    parsed = parse_request({"messages": [*HELLO, dumped, *HELLO], "tools": None,
+                            "tool_choice": None, "max_tokens": None, "seed": None,
+                            "stream_options": None, "logprobs": None, "n": None}, "chat", cfg)
+    assert [m["role"] for m in parsed.messages or ()] == ["user", "assistant", "user"]
+    assert parsed.max_tokens is None and parsed.sampling.seed is None
+    for empty in ({"tools": []}, {"tool_choice": "none"}, {"logprobs": False}):
+        assert parse_request({"messages": HELLO, **empty}, "chat", cfg).messages
+
+
+@pytest.mark.parametrize(("kind", "fields", "param"), [
+    ("chat", {"tools": [{"type": "function"}]}, "tools"),
+    ("chat", {"tool_choice": "auto"}, "tool_choice"),
+    ("chat", {"n": True}, "n"),
+    ("chat", {"logprobs": 0}, "logprobs"),
+    ("completion", {"logprobs": 0}, "logprobs"),
+    ("chat", {"messages": [{**HELLO[0], "refusal": "no"}]}, "messages[0].refusal"),
+    ("chat", {"messages": [{**HELLO[0], "tool_calls": [{"id": "1"}]}]},
+     "messages[0].tool_calls"),
+])
+def test_fields_that_ask_for_what_is_not_served_are_still_refused(
+        kind: str, fields: dict, param: str) -> None:
+    body = {"messages": HELLO} if kind == "chat" else {"prompt": "x"}
+    with pytest.raises(ApiError) as info:
+        parse_request({**body, **fields}, kind, ServerConfig(model_id=MODEL))  # type: ignore[arg-type]
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400(tmp_path: Path) -> None:
+    """A template may raise on messages it does not take (roles out of order): the request's
+    problem, a 400 on messages with the server's remedy, not a 500 naming a CLI flag."""
+    from localspec.models.tiny import TinyModelSpec, write_tiny_model
+
+    template = "{{ raise_exception('Conversation roles must alternate') }}"
+    model = write_tiny_model(tmp_path / "strict.gguf", TinyModelSpec(metadata=(
+        ("tokenizer.chat_template", template),)))
+    with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=256)) as eng, \
+            _serve(eng) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": HELLO})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "messages" and "roles must alternate" in error["message"]
+        assert "/v1/completions" in error["message"] and "--raw" not in error["message"]
+        done = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert done.status_code == 200
+
+
+def test_a_trailing_slash_is_served_not_redirected(server: BackgroundServer) -> None:
+    """A 307 would send the client to the URL Starlette builds from the Host header, which
+    behind serve's front is the engine's private socket; the path is served as is instead."""
+    r = httpx.post(server.url + "/v1/completions/", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    assert httpx.get(server.url + "/v1/models/").json()["data"][0]["id"] == MODEL
+
+
+def test_a_model_without_a_chat_template_gets_the_whole_conversation(tmp_path: Path) -> None:
+    from localspec.models.tiny import TinyModelSpec, write_tiny_model
+
+    model = write_tiny_model(tmp_path / "base.gguf", TinyModelSpec(metadata=(
+        ("tokenizer.chat_template", ""),)))
+    conversation = [{"role": "system", "content": "the model"},
+                    {"role": "user", "content": "import data"},
+                    {"role": "assistant", "content": "from the list"},
+                    {"role": "user", "content": "hello there"}]
+    with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=256)) as eng, \
+            _serve(eng) as srv:
+        rendered = eng.chat_prompt(conversation)
+        assert all(m["content"] in rendered for m in conversation)  # no turn dropped
+        assert rendered.index("import data") < rendered.index("hello there")
+        assert eng.chat_prompt(conversation[-1:]) == "hello there"  # one message: plain text
+        r = httpx.post(srv.url + "/v1/chat/completions",
+                       json={"messages": conversation, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(eng.tokenize(rendered, chat=True))
+
+
 # -- auth and limits ---------------------------------------------------------------------------
 def test_api_key(engine: SpeculativeEngine) -> None:
     with _serve(engine, api_key="sekrit") as srv:

@@ -165,6 +165,16 @@ class _Run:
     calibration_decode_calls: int = 0
 
 
+def plain_transcript(messages: Sequence[dict[str, str]]) -> str:
+    """Messages for a model with no chat template: one message is its text, as a plain prompt;
+    a conversation is a labelled transcript ending where the assistant speaks next, the shape
+    a base model continues. Every message is kept: the earlier turns are the context."""
+    if len(messages) == 1:
+        return messages[0]["content"]
+    turns = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n\n".join([*turns, "Assistant:"])
+
+
 class SpeculativeEngine:
     """A target model and an optional draft model, ready to generate.
 
@@ -358,9 +368,9 @@ class SpeculativeEngine:
 
         template = self.target.chat_template
         if not template:
-            log.warning("%s has no chat template; sending the last message as plain text",
+            log.warning("%s has no chat template; sending the messages as a plain transcript",
                         self.target.path.name)
-            return messages[-1]["content"]
+            return plain_transcript(messages)
         # The template is code from the model file: any failure while compiling or rendering
         # it (an unknown filter, runaway recursion, a huge range) is that file's problem.
         try:
@@ -376,7 +386,7 @@ class SpeculativeEngine:
             detail = str(exc).splitlines()[0][:200] if str(exc) else ""
             raise ChatTemplateError(
                 f"the chat template in {self.target.path.name} cannot be rendered "
-                f"({type(exc).__name__}{': ' + detail if detail else ''}); "
+                f"({type(exc).__name__}{': ' + detail if detail else ''})",
                 "--raw sends the prompt as plain text") from exc
 
     def tokenize(self, text: str, *, chat: bool) -> tuple[int, ...]:

@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine.decoder import Finished
 from ..engine.text import TextChunk
 from ..errors import (
+    ChatTemplateError,
     ContextOverflowError,
     DraftSettingsError,
     LocalspecError,
@@ -121,10 +124,25 @@ def create_app(engine_or_factory: SpeculativeEngine | Callable[[], SpeculativeEn
         Route("/v1/chat/completions", _endpoint(_chat), methods=["POST"]),
         Route("/v1/completions", _endpoint(_completions), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_NoTrailingSlash)],
                     exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
     app.state.localspec = state
     return app
+
+
+class _NoTrailingSlash:
+    """Serves ``/v1/chat/completions/`` as ``/v1/chat/completions``. Starlette would answer a
+    307 to the slashless URL built from the request's Host, which behind ``serve``'s front is
+    the engine's private socket (``http://engine/...``): a client that follows it fails."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+        await self.app(scope, receive, send)
 
 
 # -- plumbing ----------------------------------------------------------------------------------
@@ -206,6 +224,11 @@ def _failure(error: BaseException) -> ApiError:
     """An exception raised by the engine during a generation, as the client will see it."""
     if isinstance(error, ContextOverflowError):
         return ApiError(400, error.message, code="context_length_exceeded")
+    if isinstance(error, ChatTemplateError):
+        # The template is the model's, but what breaks it (roles out of the order it demands,
+        # say) is in the request: the client can change its messages or send plain text.
+        return ApiError(400, f"{error.problem} for these messages; /v1/completions takes the "
+                             "prompt as plain text", param="messages", code="invalid_value")
     if isinstance(error, ValueError):
         return ApiError(400, str(error))
     if isinstance(error, UnencodableTextError):

@@ -34,9 +34,12 @@ _COMMON = {
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format",
-              "modalities", "parallel_tool_calls"}
+              "modalities", "parallel_tool_calls", "tools", "tool_choice"}
 _COMPLETION_ONLY = {"prompt", "echo", "best_of", "suffix"}
 _ROLES = {"system", "developer", "user", "assistant"}
+# What the OpenAI SDK's ``model_dump()`` of a reply's message adds beside role and content: fields
+# that say "none" when null or empty, so a client that sends an earlier answer back is served.
+_MESSAGE_EMPTY_FIELDS = {"refusal", "tool_calls", "function_call", "audio", "annotations"}
 
 
 class ApiError(Exception):
@@ -102,6 +105,9 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     _check_text(body)
+    # A null field is the field left out, as OpenAI reads it (clients send every field of a
+    # typed request, the unset ones as null).
+    body = {key: value for key, value in body.items() if value is not None}
     allowed = _COMMON | (_CHAT_ONLY if kind == "chat" else _COMPLETION_ONLY)
     for key in body:
         if key not in allowed:
@@ -180,16 +186,23 @@ def _check_string(text: str, path: _Path, name: bool = False) -> None:
 def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
     """Fields that are accepted only at the value that means 'not used'."""
     n = body.get("n")
-    if n is not None and n != 1:
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise unsupported("n", "only n=1 (one choice per request) is served")
     if kind == "completion" and body.get("best_of") not in (None, 1):
         raise unsupported("best_of", "only best_of=1 is served")
-    if body.get("logprobs") not in (None, False, 0):
+    # Chat's logprobs is a flag; the completions' is a count, where 0 still asks for the chosen
+    # token's log-probability. Compared by identity: 0 == False in Python.
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not (kind == "chat" and logprobs is False):
         raise unsupported("logprobs")
     if body.get("top_logprobs") not in (None, 0):
         raise unsupported("top_logprobs")
     if body.get("logit_bias"):
         raise unsupported("logit_bias")
+    if body.get("tools"):
+        raise unsupported("tools", "tool calls are not supported")
+    if body.get("tool_choice", "none") != "none":
+        raise unsupported("tool_choice", "tool calls are not supported")
     if body.get("echo"):
         raise unsupported("echo")
     if body.get("suffix"):
@@ -219,9 +232,12 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
                 raise unsupported(f"{where}.role", "tool calls are not supported")
             raise bad_param(f"{where}.role",
                             f"'{where}.role' must be one of {', '.join(sorted(_ROLES))}")
-        for key in msg:
-            if key not in ("role", "content", "name"):
-                raise unsupported(f"{where}.{key}")
+        for key, field_value in msg.items():
+            if key in ("role", "content", "name"):
+                continue
+            if key in _MESSAGE_EMPTY_FIELDS and field_value in (None, [], ""):
+                continue
+            raise unsupported(f"{where}.{key}")
         # 'developer' is OpenAI's newer name for 'system'; chat templates know only the latter.
         out.append({"role": "system" if role == "developer" else role,
                     "content": _content(msg.get("content"), where)})
