@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -25,6 +26,8 @@ from typing import Any
 from . import paths
 from .errors import ChatStoreError, DamagedChatStoreError
 from .files import atomic_write, fsync_dir
+
+log = logging.getLogger(__name__)
 
 # The schema as version 1 wrote it. Files from before versioning (user_version 0) hold exactly
 # these tables, which is why migration 1 says IF NOT EXISTS: it adopts them as they are.
@@ -94,6 +97,30 @@ class StoredMessage:
 def default_path() -> Path:
     return paths.data_dir() / "chats.sqlite3"
 
+
+
+# The spans and stats are decoration (which text was drafted, the answer's speed): damaged ones
+# (an edit by hand, a disk error) are dropped with a warning, so the conversation still opens.
+def _spans(text: Any, message_id: int) -> tuple[tuple[int, bool], ...]:
+    try:
+        return tuple((int(n), bool(d)) for n, d in json.loads(text))
+    except (TypeError, ValueError) as exc:
+        log.warning("message %d: its drafted spans are damaged (%s); shown without them",
+                    message_id, exc)
+        return ()
+
+
+def _stats(text: Any, message_id: int) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        stats = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        stats = exc
+    if not isinstance(stats, dict):
+        log.warning("message %d: its statistics are damaged; shown without them", message_id)
+        return None
+    return stats
 
 class ChatStore:
     """One SQLite database. Safe to call from any thread (calls are serialised)."""
@@ -169,8 +196,8 @@ class ChatStore:
     def messages(self, chat_id: int) -> list[StoredMessage]:
         rows = self._read("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,))
         return [StoredMessage(r["id"], r["chat_id"], r["role"], r["content"],
-                              tuple((int(n), bool(d)) for n, d in json.loads(r["spans"])),
-                              json.loads(r["stats"]) if r["stats"] else None) for r in rows]
+                              _spans(r["spans"], r["id"]), _stats(r["stats"], r["id"]))
+                for r in rows]
 
     # -- export -------------------------------------------------------------------------------
     def export_markdown(self, chat_id: int) -> str:

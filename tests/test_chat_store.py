@@ -38,6 +38,27 @@ def test_messages_persist_across_reopen(tmp_path: Path) -> None:
     assert msgs[1].spans == ((6, True), (5, False)) and msgs[1].stats == {"line": "2 tokens"}
 
 
+@pytest.mark.parametrize(("spans", "stats"), [
+    ("[[6, tru", '{"line": '), ("[1, 2]", "[1]"), ("[[1]]", '"text"')])
+def test_damaged_spans_or_stats_still_open_the_conversation(
+        tmp_path: Path, spans: str, stats: str) -> None:
+    db = tmp_path / "chats.sqlite3"
+    store = ChatStore(db)
+    chat = store.create_chat("First")
+    store.add_message(chat.id, "user", "hi")
+    store.add_message(chat.id, "assistant", "hello there", spans=[(6, True)],
+                      stats={"line": "2 tokens"})
+    store.close()
+    with sqlite3.connect(db) as raw:  # damaged by hand, or by a disk
+        raw.execute("UPDATE messages SET spans = ?, stats = ? WHERE role = 'assistant'",
+                    (spans, stats))
+    again = ChatStore(db)
+    msgs = again.messages(chat.id)
+    assert [(m.content, m.spans, m.stats) for m in msgs] == [("hi", (), None),
+                                                             ("hello there", (), None)]
+    assert "hello there" in again.export_markdown(chat.id)
+
+
 def test_rename_delete_export(tmp_path: Path) -> None:
     store = ChatStore(tmp_path / "c.sqlite3")
     a = store.create_chat("a")

@@ -92,6 +92,14 @@ def test_a_non_utf8_argument_is_one_line_naming_it(target_gguf: Path) -> None:
     assert "the prompt given as arguments is not UTF-8 text (byte 0xe9 at offset 3)" in line
 
 
+def test_a_non_utf8_system_message_is_one_line_naming_it(target_gguf: Path) -> None:
+    proc = run_cli("run", "--target", str(target_gguf), "--system", os.fsdecode(b"b\xe9"),
+                   "hello")
+    assert proc.returncode == 1
+    line = _one_line(proc.stderr)
+    assert "--system is not UTF-8 text (byte 0xe9 at offset 1)" in line
+
+
 def test_config_values_are_checked_for_run(target_gguf: Path, isolated_home: Path) -> None:
     config = isolated_home / "config" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)

@@ -156,7 +156,9 @@ def _prompt(args: argparse.Namespace, prompt: str) -> Any:
     """The prompt as given (--raw), else the chat: --system's message, then the prompt's."""
     if args.raw:
         return prompt
-    system = [{"role": "system", "content": args.system}] if args.system else []
+    # Like the prompt's words, --system may hold bytes that are not UTF-8 (lone surrogates).
+    text = decode_text(os.fsencode(args.system), "--system") if args.system else None
+    system = [{"role": "system", "content": text}] if text else []
     return [*system, {"role": "user", "content": prompt}]
 
 
