@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -518,6 +519,32 @@ def _fake_registry(model: OllamaModel, blob: Callable[[bytes, str | None], tuple
 
 def _range_start(header: str | None) -> int:
     return int(header.removeprefix("bytes=").split("-")[0]) if header else 0
+
+
+@pytest.mark.parametrize(("error", "advice"), [
+    (errno.ENOSPC, "free some space and pull again to resume"),
+    (errno.EROFS, "make the store writable (or set OLLAMA_MODELS to one that is) and pull again"),
+    (errno.EACCES, "make the store writable (or set OLLAMA_MODELS to one that is) and pull again"),
+])
+def test_a_failed_write_advises_what_fits_it(store: Path, target_gguf: Path, error: int,
+                                             advice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build_model(target_gguf)
+    real_open = Path.open
+
+    def failing_open(path: Path, mode: str = "r", *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        # A fake: a full disk or a read-only store cannot be made here (root writes anywhere).
+        if path.name.endswith(".partial") and "b" in mode and ("w" in mode or "a" in mode):
+            raise OSError(error, os.strerror(error))
+        return real_open(path, mode, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", failing_open)
+    with pytest.raises(PullError) as info:
+        registry_client.pull_direct(ollama_store.parse_name("tiny"), store,
+                                    base_url=FAKE_REGISTRY,
+                                    transport=_fake_registry(model, lambda d, h: (200, d), []))
+    message = str(info.value)
+    assert message.startswith("cannot write ") and advice in message
+    assert os.strerror(error) in message
 
 
 def test_short_download_is_kept_and_resumed(store: Path, target_gguf: Path) -> None:

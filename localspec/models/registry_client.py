@@ -19,6 +19,7 @@ model later. Interrupt safety, in order of the steps:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -260,8 +261,8 @@ class RegistryClient:
                 raise PullError(f"{digest[:19]}: the registry answered HTTP "
                                 f"{response.status_code} for the blob")
             mode = "ab" if offset else "wb"
-            partial.parent.mkdir(parents=True, exist_ok=True)
             try:
+                partial.parent.mkdir(parents=True, exist_ok=True)
                 with partial.open(mode) as fh:
                     for chunk in response.iter_bytes(CHUNK_SIZE):
                         if cancel is not None and cancel.is_set():
@@ -277,11 +278,22 @@ class RegistryClient:
                     fh.flush()
                     os.fsync(fh.fileno())
             except OSError as exc:
-                raise PullError(f"cannot write {partial} ({exc.strerror}); free some space and "
-                                "pull again to resume") from exc
+                raise _write_failed(partial, exc, "pull again to resume") from exc
             return offset, hasher
         finally:
             response.close()
+
+
+def _write_failed(path: Path, exc: OSError, then: str) -> PullError:
+    """A failed write as one line whose advice fits the failure: space only when it ran out."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        remedy = "free some space and "
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        remedy = "make the store writable (or set OLLAMA_MODELS to one that is) and "
+    else:
+        remedy = ""
+    reason = exc.strerror or type(exc).__name__
+    return PullError(f"cannot write {path} ({reason}); {remedy}{then}")
 
 
 def _json_object(reply: httpx.Response) -> dict[str, Any] | None:
@@ -344,8 +356,7 @@ def pull_direct(name: ModelName, store: Path, *, base_url: str,
     try:
         atomic_write(target, raw)
     except OSError as exc:
-        raise PullError(f"cannot write {target} ({exc.strerror}); free some space and pull "
-                        "again") from exc
+        raise _write_failed(target, exc, "pull again") from exc
     report(PullProgress("", 0, 0, "success"))
     return target
 
