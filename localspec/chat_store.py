@@ -98,7 +98,6 @@ def default_path() -> Path:
     return paths.data_dir() / "chats.sqlite3"
 
 
-
 # The spans and stats are decoration (which text was drafted, the answer's speed): damaged ones
 # (an edit by hand, a disk error) are dropped with a warning, so the conversation still opens.
 def _spans(text: Any, message_id: int) -> tuple[tuple[int, bool], ...]:
@@ -115,12 +114,13 @@ def _stats(text: Any, message_id: int) -> dict[str, Any] | None:
         return None
     try:
         stats = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        stats = exc
+    except (TypeError, ValueError):
+        stats = None
     if not isinstance(stats, dict):
         log.warning("message %d: its statistics are damaged; shown without them", message_id)
         return None
     return stats
+
 
 class ChatStore:
     """One SQLite database. Safe to call from any thread (calls are serialised)."""

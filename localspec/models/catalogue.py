@@ -50,6 +50,8 @@ def _check_pair_name(name: str, where: str) -> None:
     if not can_name_pair(name):
         raise ConfigError(f"{where}{name!r} is not a pair name (letters, digits, '.', '_', '-', "
                           "starting with a letter or digit, not ending in .gguf)")
+
+
 Source = Literal["shipped", "user"]
 
 
@@ -311,12 +313,10 @@ def add_user_pair(name: str, target: str, draft: str, draft_mode: str = "model",
     the same name already there is replaced only when asked (``replace``): it may carry a note
     the user wrote."""
     _check_pair_name(name, "")
-    if not replace:
-        path = user_pairs_path()
-        old = parse_pairs(_read_user_file(path) or "", str(path), "user").get(name)
-        if old is not None:
-            raise ConfigError(f"you already have a pair named {name!r} ({old.target} + "
-                              f"{old.draft}) in {path}; add --replace to replace it")
+    old = None if replace else user_pairs().get(name)
+    if old is not None:
+        raise ConfigError(f"you already have a pair named {name!r} ({old.target} + "
+                          f"{old.draft}) in {user_pairs_path()}; add --replace to replace it")
     if draft_mode not in DRAFT_MODES:
         raise ConfigError(f"draft mode {draft_mode!r} is not one of {', '.join(DRAFT_MODES)}")
     validate_pair(resolve_model(target), resolve_model(draft))

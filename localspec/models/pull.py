@@ -23,7 +23,13 @@ import httpx
 from ..errors import ConfigError, DamagedModelError, GGUFError, ModelNotFoundError, PullError
 from . import ollama_store
 from .ollama_store import ModelName, NotGGUFBlobError, ResolvedModel, UnreadableManifestError
-from .registry_client import ProgressCallback, PullProgress, pull_direct, registry_url
+from .registry_client import (
+    ProgressCallback,
+    PullProgress,
+    pull_direct,
+    refuse_plain_http,
+    registry_url,
+)
 from .repair import discard_damaged
 
 log = logging.getLogger(__name__)
@@ -136,9 +142,7 @@ def pull(name: str, *, registry: str | None = None, insecure: bool = False,
     (unless ``registry`` names a mirror, which only the direct path can use); with none, the
     registry is spoken to directly.
     """
-    if name.strip().lower().startswith("http://") and not insecure:
-        # The name says plain http; pulling it over https instead would be a silent switch.
-        raise PullError(f"{name.strip()} is plain http; pass --insecure to pull from it")
+    refuse_plain_http(name, insecure)
     parsed = ollama_store.parse_name(name)
     report = progress or (lambda _p: None)
     before = _whole(parsed, verify, report, cancel)

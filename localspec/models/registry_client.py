@@ -103,9 +103,15 @@ def registry_url(name: ModelName, registry: str | None, insecure: bool) -> str:
         url = registry if "://" in registry else f"{'http' if insecure else 'https'}://{registry}"
     else:
         url = f"{'http' if insecure else 'https'}://{name.host}"
-    if url.startswith("http://") and not insecure:
-        raise PullError(f"{url} is plain http; pass --insecure to pull from it")
+    refuse_plain_http(url, insecure)
     return url.rstrip("/")
+
+
+def refuse_plain_http(url: str, insecure: bool) -> None:
+    """A registry URL (or a name written as one) that says plain http needs ``--insecure``;
+    never switched to https behind the user's back."""
+    if url.strip().lower().startswith("http://") and not insecure:
+        raise PullError(f"{url.strip()} is plain http; pass --insecure to pull from it")
 
 
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
@@ -235,8 +241,7 @@ class RegistryClient:
             raise PullError(f"the download of {digest[:19]} ({partial}) was deleted before it "
                             "reached the store; run the pull again") from exc
         except OSError as exc:
-            raise PullError(f"cannot move {partial} into {dest.parent} ({exc.strerror}); check "
-                            "the store's permissions") from exc
+            raise _write_failed(dest, exc, "pull again") from exc
         fsync_dir(dest.parent)
         report(PullProgress(digest, size, size, "done"))
 
