@@ -569,6 +569,41 @@ def test_a_few_rejections_do_not_shut_a_confidence_bin() -> None:
     assert ctl.trim(Proposal("model", tokens=[7], confidences=[0.15])) == 0
 
 
+def _copy(n: int = 3) -> Proposal:
+    return Proposal("lookup", tokens=list(range(100, 100 + n)), confidences=[0.75] * n)
+
+
+def test_a_free_drafters_bins_are_rescaled_by_this_requests_own_outcomes() -> None:
+    """Prompt lookup's confidence bins pool every request: on a cold index, the copies a
+    type-hint edit got right priced the rename prompt's copies, which the target kept
+    rejecting, and auto kept verifying them on a steep curve (Q4_K_M on a 2-core AMX CPU:
+    0.93x the target alone in one run of three). Within a few rejections a request's own
+    outcomes must stop that, and the next request must start from the bins again."""
+    points = {1: 0.085, 2: 0.128, 4: 0.187, 8: 0.28, 13: 0.29, 16: 0.36, 32: 0.55, 64: 0.93}
+    acceptance: dict[str, AcceptanceModel] = {}
+    ctl = DraftController(CostModel.from_measurements(points, 8, 0.01), 8,
+                          acceptance=acceptance)
+    for _ in range(100):  # past requests: copies at this confidence were accepted
+        ctl.observe(_copy(), 3, 3)
+    ctl.end_request()
+    ctl = DraftController(CostModel.from_measurements(points, 8, 0.01), 8,
+                          acceptance=acceptance)
+    assert ctl.trim(_copy()) == 3
+    for _ in range(5):  # this request: every copy's first token is rejected
+        ctl.observe(_copy(), 1, 0)
+    assert acceptance["lookup"].estimate(0.75) > 0.9  # the pooled bin has barely moved
+    assert ctl.trim(_copy()) == 0
+    ctl.end_request()
+    again = DraftController(CostModel.from_measurements(points, 8, 0.01), 8,
+                            acceptance=acceptance)
+    assert again.trim(_copy()) == 3
+    # A request whose copies keep being accepted is priced at least as the bins say.
+    for _ in range(20):
+        again.observe(_copy(), 3, 3)
+    lookup = acceptance["lookup"]
+    assert lookup.request_estimate(0.75) >= lookup.estimate(0.75)
+
+
 def test_a_chain_widths_cost_is_the_median_of_its_rounds() -> None:
     """One slow moment (a timing of 9.0 among ~1.0s) moves one round, not the width's cost;
     every width is timed once a round, widths interleaved."""

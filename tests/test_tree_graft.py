@@ -84,7 +84,7 @@ def test_grafted_nodes_are_priced_by_their_own_drafter_and_teach_no_one() -> Non
     prop.graft(Proposal(source="lookup", tokens=[30], confidences=[1.0]), 16, 8)
     ctl.acceptance["lookup"].observe([1.0], 0)  # lookup's own bins: it was wrong once
     est = ctl.tree_estimates(prop)
-    assert est[3] == pytest.approx(ctl.acceptance["lookup"].estimate(1.0))
+    assert est[3] == pytest.approx(ctl.acceptance["lookup"].request_estimate(1.0))
     assert est[3] < ctl.model_acc.estimate(1.0)
     assert est[:3] == [ctl.model_acc.estimate(c) for c in (0.8, 0.1, 0.7)]
     lookup_before = ctl.acceptance["lookup"].rate

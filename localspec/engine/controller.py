@@ -13,6 +13,7 @@ spent whatever comes next, so it must not sway the choice).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -219,7 +220,7 @@ class AcceptanceModel:
 
     __slots__ = ("hits", "seen", "rates", "prior_rates", "_depth_hits",
                  "_depth_seen", "_depth_prior", "_observed", "_request_hits", "_request_seen",
-                 "_sibling_hits", "_sibling_seen")
+                 "_sibling_hits", "_sibling_seen", "_calib_hits", "_calib_expected")
 
     # A token tree's other guesses (rank 1, 2, ... below the draft's first): P(the target
     # chose it | its parent was accepted), before any tree was verified, and the outcomes
@@ -243,6 +244,9 @@ class AcceptanceModel:
     # met five rejections in a row was trimmed ever after, so never verified again: stuck at
     # 0.04 for tokens accepted 15% of the time, taught to the depth estimates as that.
     BIN_PRIOR_WEIGHT = 10.0
+    # This request's accepted tokens against what the bins predicted for them (see
+    # request_estimate) start from agreement worth this many predicted acceptances.
+    CALIB_PRIOR = 4.0
 
     def __init__(self, prior_rate: float = 0.6) -> None:
         self.hits = [0.0] * N_BINS
@@ -301,6 +305,9 @@ class AcceptanceModel:
         # All of this request's outcomes, unfaded: what it carries to the next one.
         self._request_hits = [0.0] * MAX_DEPTH
         self._request_seen = [0.0] * MAX_DEPTH
+        # This request's observed acceptances and the bins' predictions for them, faded.
+        self._calib_hits = 0.0
+        self._calib_expected = 0.0
 
     def _update(self, start: int = 0) -> None:
         """Recompute the depth estimates from ``start`` down (O(MAX_DEPTH), once per step)."""
@@ -332,6 +339,20 @@ class AcceptanceModel:
         w = self.BIN_PRIOR_WEIGHT
         return (self.hits[b] + w * centre) / (self.seen[b] + w)
 
+    def request_estimate(self, conf: float) -> float:
+        """``estimate`` scaled by how this request's drafts fared against it.
+
+        The bins pool every request, so a drafter priced by them alone (prompt lookup,
+        history) repeats in one text what its copies earned in another: on a cold index the
+        rename prompt drafted copy after failing copy at the confidence that a type-hint
+        edit's exact copies had earned (0.93x the target alone in one of three runs). Every
+        observed token was reached, so its outcome is a fair draw at its estimate: the
+        request's acceptances over their predicted sum measures the bins' bias here."""
+        p = self.estimate(conf)
+        w = self.CALIB_PRIOR
+        scaled = p * (self._calib_hits + w) / (self._calib_expected + w)
+        return min(scaled, max(p, 0.99))
+
     def depth_rates(self, start: int, n: int) -> list[float]:
         """The estimated acceptance at depths ``start`` .. ``start + n - 1``."""
         if start + n <= MAX_DEPTH:
@@ -343,6 +364,8 @@ class AcceptanceModel:
         for i, conf in enumerate(seen):
             b = min(int(conf * N_BINS), N_BINS - 1)
             ok = 1.0 if i < n_accepted else 0.0
+            self._calib_hits = self.DECAY * self._calib_hits + ok
+            self._calib_expected = self.DECAY * self._calib_expected + self.estimate(conf)
             self.hits[b] += ok
             self.seen[b] += 1.0
             self._count(i, ok)
@@ -892,10 +915,17 @@ class DraftController:
         return [own[i] if name == prop.source else self._free_estimate(name, prop.confidences[i])
                 for i, name in enumerate(prop.node_sources)]
 
+    def estimator(self, source: str) -> Callable[[float], float]:
+        """How a drafted token of ``source`` at a confidence is priced: the draft model's by
+        its bins (its depth rates follow the request), a free drafter's as ``_free_estimate``."""
+        if source == self.model:
+            return self.acceptance[source].estimate
+        return functools.partial(self._free_estimate, source)
+
     def _free_estimate(self, source: str, confidence: float) -> float:
         acc = self.acceptance[source]
         calibrated = source in drafters.names() and drafters.get(source).calibrated
-        return acc.estimate(confidence) if calibrated else acc.rate
+        return acc.request_estimate(confidence) if calibrated else acc.rate
 
     def trim_tree(self, prop: Proposal) -> None:
         """Keep the nodes of a drafted tree worth verifying (drafting is already spent)."""

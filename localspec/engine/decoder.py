@@ -828,7 +828,7 @@ class SpeculativeEngine:
             return None
         return TreeRequest(nodes=plan.nodes, depth=plan.depth, branches=branches,
                            width=TREE_WIDTH, floor=plan.floor,
-                           estimate=controller.acceptance[drafter.name].estimate,
+                           estimate=controller.estimator(drafter.name),
                            children=self._draft_children(run) if drafter.costly else None)
 
     def _draft_children(self, run: _Run) -> Children:
