@@ -165,6 +165,44 @@ def test_bandwidth_bound_target_drafts_and_stops_on_low_confidence() -> None:
     assert ctl.trim(doubtful) == 1
 
 
+def test_the_draft_models_catching_up_on_a_copy_is_priced_into_its_next_draft() -> None:
+    # The F16 target here (AMX machine, issue #27's curve): the draft model pays at 85%
+    # acceptance, but after a 60-token copy from history its catching up (5 ms a token in one
+    # batch) costs two single steps first, more than its next chain gains over plain decoding.
+    costs = CostModel.from_measurements({1: 0.165, 4: 0.215, 8: 0.284}, k_max=8, draft=0.04)
+    costs.catch_up_token = 0.005
+    ctl = DraftController(costs, 8)
+    ctl.model_acc.rate = 0.85
+    assert ctl.model_worth_trying(room=100)
+    assert ctl.model_worth_trying(room=100, behind=4)
+    assert not ctl.model_worth_trying(room=100, behind=60)
+    # A free drafter's copy is then held to the lower bar of what the model could do now.
+    assert ctl.expected_model_rate(8, behind=60) < ctl.expected_model_rate(8)
+    assert ctl.expected_model_rate(8, behind=60) < 0.95 * ctl.expected_model_rate(8)
+
+
+def test_only_the_answers_tokens_count_as_the_draft_being_behind() -> None:
+    from types import SimpleNamespace
+
+    from localspec.engine.decoder import SpeculativeEngine
+
+    class Draft:  # a drafter whose cache holds the first ``seen`` tokens of any sequence
+        def __init__(self, seen: int) -> None:
+            self.seen = seen
+
+        def behind(self, seq: list[int]) -> int:
+            return len(seq) - self.seen
+
+    prompt, answer = list(range(100)), list(range(100, 130))
+    run = SimpleNamespace(seq=prompt + answer, out=answer)
+    # A fresh draft behind on the whole prompt and answer: only the answer is this step's.
+    assert SpeculativeEngine._answer_behind(run, Draft(0)) == 30 - 2
+    # A draft that drafted 5 tokens ago: the usual 1-2 tokens a step adds are no catching up.
+    assert SpeculativeEngine._answer_behind(run, Draft(125)) == 3
+    assert SpeculativeEngine._answer_behind(run, Draft(128)) == 0
+    assert SpeculativeEngine._answer_behind(run, Draft(130)) == 0
+
+
 def test_acceptance_model_learns_from_outcomes() -> None:
     acc = AcceptanceModel()
     before = acc.estimate(0.55)

@@ -734,7 +734,8 @@ class SpeculativeEngine:
                 cand = self._free_proposal(run, controller, ctx, free_cap, cap, cand) or cand
             cand.truncate(controller.trim(cand))
             return cand
-        free = self._free_proposal(run, controller, ctx, free_cap, cap)
+        behind = self._answer_behind(run, primary)
+        free = self._free_proposal(run, controller, ctx, free_cap, cap, behind=behind)
         if free is not None:
             return self._free_tree(run, controller, ctx, room, free)
         if tree is not None:
@@ -743,7 +744,7 @@ class SpeculativeEngine:
             self._graft_companions(run, ctx, tree, prop)
             controller.trim_tree(prop)
             return prop
-        if not controller.model_worth_trying(cap):
+        if not controller.model_worth_trying(cap, behind):
             if ds.k is not None or not controller.should_peek(
                     cap, lambda: primary.behind(run.seq), room):
                 return Proposal(source=NO_DRAFT)
@@ -752,6 +753,15 @@ class SpeculativeEngine:
         self._observe_drafting(run, prop)
         prop.truncate(controller.trim(prop))
         return prop
+
+    @staticmethod
+    def _answer_behind(run: _Run, drafter: Drafter) -> int:
+        """Tokens of this answer a costly drafter has not seen beyond a step's usual one or
+        two (the last draft's final token and the target's own): what a copy accepted since
+        it last drafted left it to catch up on. The prompt's tokens are not counted: the
+        draft reads them once, and every later draft of the answer shares that cost."""
+        behind = min(drafter.behind(run.seq), len(run.out))
+        return behind - 2 if behind > 2 else 0
 
     def _free_tree(self, run: _Run, controller: DraftController, ctx: DraftContext,
                    room: int, chain: Proposal) -> Proposal:
@@ -849,7 +859,7 @@ class SpeculativeEngine:
     @staticmethod
     def _free_proposal(run: _Run, controller: DraftController, ctx: DraftContext,
                        cap: int, model_cap: int,
-                       first: Proposal | None = None) -> Proposal | None:
+                       first: Proposal | None = None, behind: int = 0) -> Proposal | None:
         """The free drafters' best proposal (of ``cap`` tokens at most) by its drafter's
         acceptance: beside a costly drafter, only where that predicts at least the tokens per
         second expected from it (drafting ``model_cap`` at most); beside a free draft mode's
@@ -865,7 +875,7 @@ class SpeculativeEngine:
                 continue
             rate = controller.free_rate(cand)
             if bar is None:
-                bar = controller.expected_model_rate(model_cap)
+                bar = controller.expected_model_rate(model_cap, behind)
             if rate >= bar and (best is None or rate > best_rate):
                 best, best_rate = cand, rate
         return best
