@@ -12,7 +12,13 @@ import pytest
 
 from localspec.engine import GenerationRequest, ModelSettings, SpeculativeEngine
 from localspec.engine.llama_backend import LlamaRunner
-from localspec.engine.prompt_cache import MIN_GAIN, MIN_TOKENS, PromptCache, common_prefix
+from localspec.engine.prompt_cache import (
+    MIN_GAIN,
+    MIN_GAIN_CPU,
+    MIN_TOKENS,
+    PromptCache,
+    common_prefix,
+)
 
 # As in test_token_tree: batch shapes may round float32 differently (1e-5 here); a wrong
 # state (other tokens, other positions) moves logits by whole units.
@@ -107,6 +113,29 @@ def test_a_prefix_resent_after_another_request_is_restored_not_prefilled(
     # The cache holds exactly the restored sequence: decoding on agrees with a fresh prefill.
     more = _seq(15, 4, vocab)
     assert np.abs(kept.decode(more, 4) - fresh.decode(more, 4)).max() < TOL
+
+
+def test_on_the_cpu_a_few_shared_tokens_are_restored_not_prefilled(
+        runners: tuple[LlamaRunner, LlamaRunner]) -> None:
+    """An agent's file resent with its first line changed shares only the system prompt with
+    the state the last revision left: on the CPU, where those tokens' prefill costs more than
+    the copy, the state is restored for them (a GPU's runner waits for MIN_GAIN)."""
+    kept, fresh = runners
+    assert kept.prompt_cache.min_gain == MIN_GAIN_CPU < MIN_GAIN
+    vocab = min(kept.n_vocab, 50)
+    system = _seq(30, 12, vocab)
+    first, other = system + _seq(31, 100, vocab), _seq(32, 100, vocab)
+    kept.switch_to(first)
+    kept.sync(first)
+    kept.switch_to(other)  # another request: first's state is kept
+    kept.sync(other)
+    assert kept.common_prefix(system) < MIN_GAIN_CPU
+    revised = system + _seq(33, 80, vocab)
+    assert kept.switch_to(revised) >= len(system)
+    assert kept.prompt_cache.hits == 1
+    logits = kept.sync(revised, 2).copy()
+    assert kept.tokens == revised
+    assert np.abs(logits - fresh.sync(revised, 2)).max() < TOL
 
 
 def test_states_are_kept_only_where_the_budget_allows(pair: tuple[Path, Path]) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import ContextOverflowError, ModelLoadError, UnencodableTextError
 from . import activity
 from .drafters.proposal import check_tree
-from .prompt_cache import MIN_GAIN, PromptCache
+from .prompt_cache import MIN_GAIN, MIN_GAIN_CPU, PromptCache
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("localspec.llama_cpp")
@@ -352,10 +352,15 @@ class LlamaRunner:
         # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
         self.decode_seconds = 0.0
         self.decode_calls = 0
-        self.prompt_cache = PromptCache(settings.prompt_cache_mib << 20
-                                        if self._states_restorable() else 0)
+        self.prompt_cache = PromptCache(
+            settings.prompt_cache_mib << 20 if self._states_restorable() else 0,
+            min_gain=MIN_GAIN if self._offloads(settings) else MIN_GAIN_CPU)
         self.reused = 0  # tokens the last sync kept from the cache (held or restored)
         lib.llama_memory_clear(self._mem, True)
+
+    def _offloads(self, settings: ModelSettings) -> bool:
+        """Whether any of this model's layers run on a GPU."""
+        return bool(settings.n_gpu_layers) and bool(self._lib.llama_supports_gpu_offload())
 
     def _states_restorable(self) -> bool:
         """Whether a saved state cut back to a shorter prefix is still that prefix's: not with
@@ -613,9 +618,9 @@ class LlamaRunner:
         cache = self.prompt_cache
         if cache.max_bytes <= 0:
             return held
-        if len(self.tokens) - held >= MIN_GAIN:
+        if len(self.tokens) - held >= cache.min_gain:
             self._save()
-        if len(seq) - held >= MIN_GAIN and len(cache):
+        if len(seq) - held >= cache.min_gain and len(cache):
             held = self._restore(seq, held)
         return held
 

@@ -27,6 +27,11 @@ import numpy as np
 # the KV cache already holds: a restore copies the whole state (a few ms per thousand tokens
 # of a 1.5B model), a 32-token prefill costs about as much on a GPU.
 MIN_GAIN = 32
+# The same for a model on the CPU, where 4 prefilled tokens cost more than that copy (a 1.5B
+# F16 target on 2 cores: 16 ms a token, against ~5 ms to restore 1,300 tokens). An agent's
+# file resent with its first line changed shares only the system prompt with the last
+# revision's state (~30 tokens): 0.5 s of prefill there that a 32-token floor threw away.
+MIN_GAIN_CPU = 4
 # Shorter sequences are not kept: their prefill is cheaper than the bookkeeping.
 MIN_TOKENS = 64
 
@@ -50,10 +55,12 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class PromptCache:
-    """Saved states by their tokens, ``max_bytes`` at most (0: keep none)."""
+    """Saved states by their tokens, ``max_bytes`` at most (0: keep none); one is restored
+    only where it spares at least ``min_gain`` prefill tokens."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, min_gain: int = MIN_GAIN) -> None:
         self.max_bytes = max(0, max_bytes)
+        self.min_gain = max(1, min_gain)
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest use first
         self._next_id = 0
         self.hits = 0
@@ -93,11 +100,11 @@ class PromptCache:
 
     def best(self, seq: Sequence[int], held: int) -> Entry | None:
         """The kept state sharing the longest prefix with ``seq``, where that saves at least
-        MIN_GAIN tokens over the ``held`` ones the KV cache already shares with it."""
-        if not self._entries or len(seq) - held < MIN_GAIN:
+        ``min_gain`` tokens over the ``held`` ones the KV cache already shares with it."""
+        if not self._entries or len(seq) - held < self.min_gain:
             return None
         arr = np.asarray(seq, dtype=np.int32)
-        best_key, best_len = None, held + MIN_GAIN - 1
+        best_key, best_len = None, held + self.min_gain - 1
         for key, e in self._entries.items():
             n = common_prefix(e.tokens, arr)
             if n > best_len:
