@@ -9,6 +9,9 @@ over the rounds, and the median of the per-round B/A ratios (the paired figure t
   .venv/bin/python benchmarks/ab_commits.py --a 65ac510 --b HEAD --rounds 3 \\
       --target T.gguf --draft D.gguf [--json OUT] [-- extra bench options]
 
+``--json`` is rewritten whole after every round (``rounds_done``, ``complete``), so a run cut
+off partway keeps the rounds it finished.
+
 Two settings of one commit pair the same way: ``--a HEAD --b HEAD --a-args="--tree off"``
 (``--a-args``/``--b-args``: bench options for that side only).
 
@@ -83,34 +86,55 @@ def main() -> int:
                     runs[side].append(_bench(trees[side], args, side))
                     print(f"round {r + 1}: {side} {runs[side][-1]['speedup']:.3f}x",
                           file=sys.stderr)
+                # Each round is kept as it ends: a run cut off after 40 minutes keeps what
+                # it measured, marked as the rounds it holds.
+                if args.json:
+                    _write(args.json, {**summarize(args, runs), "runs": runs})
         finally:
             for t in trees.values():
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(t)],
                                check=False, capture_output=True)
-    names = [p["name"] for p in runs["a"][0]["prompts"]]
-
-    def speedups(side: str, i: int | None) -> list[float]:
-        return [run["speedup"] if i is None else run["prompts"][i]["speedup"]
-                for run in runs[side]]
-
-    report: dict[str, Any] = {"a": args.a, "b": args.b, "a_args": args.a_args,
-                              "b_args": args.b_args, "keep_caches": args.keep_caches,
-                              "rounds": args.rounds, "prompts": []}
-    for i, name in enumerate([*names, None]):
-        a, b = speedups("a", None if name is None else i), speedups("b", None if name is None
-                                                                     else i)
-        row = {"prompt": name or "all", "a_median": statistics.median(a),
-               "b_median": statistics.median(b),
-               "b_over_a_paired": statistics.median(y / x for x, y in zip(a, b, strict=True)),
-               "identical": all((run["all_identical"] if name is None
-                                 else run["prompts"][i]["identical"])
-                                for side in runs.values() for run in side)}
-        report["prompts"].append(row)
+    report = summarize(args, runs)
+    for row in report["prompts"]:
         print(f"{row['prompt']:10s} a {row['a_median']:.2f}x  b {row['b_median']:.2f}x  "
               f"b/a {row['b_over_a_paired']:.2f}  identical {row['identical']}")
     if args.json:
-        args.json.write_text(json.dumps({**report, "runs": runs}, indent=2), encoding="utf-8")
+        _write(args.json, {**report, "runs": runs})
     return 0
+
+
+def summarize(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Medians per prompt and paired B/A ratios over the rounds both sides finished."""
+    done = min(len(runs["a"]), len(runs["b"]))
+    names = [p["name"] for p in runs["a"][0]["prompts"]] if done else []
+
+    def speedups(side: str, i: int | None) -> list[float]:
+        return [run["speedup"] if i is None else run["prompts"][i]["speedup"]
+                for run in runs[side][:done]]
+
+    report: dict[str, Any] = {"a": args.a, "b": args.b, "a_args": args.a_args,
+                              "b_args": args.b_args, "keep_caches": args.keep_caches,
+                              "rounds": args.rounds, "rounds_done": done,
+                              "complete": done == args.rounds, "prompts": []}
+    if not done:
+        return report
+    for i, name in enumerate([*names, None]):
+        j = None if name is None else i
+        a, b = speedups("a", j), speedups("b", j)
+        report["prompts"].append({
+            "prompt": name or "all", "a_median": statistics.median(a),
+            "b_median": statistics.median(b),
+            "b_over_a_paired": statistics.median(y / x for x, y in zip(a, b, strict=True)),
+            "identical": all((run["all_identical"] if j is None else run["prompts"][j]["identical"])
+                             for side in runs.values() for run in side[:done])})
+    return report
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` whole: a reader never sees half a report."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ on machines this one is not, and the most any drafting from history could give h
 Which tokens a draft gets right is a property of the pair and the texts, not of the machine;
 what a target pass of n tokens costs is the machine's. So this records the trace of
 ``agent_trace.py`` once, in process (greedy, the history drafter on, a fresh in-memory index,
-the same requests in the same order), keeping every request's prompt and output tokens and the
-engine's target passes by width. Then it prices three ways of drafting the same texts with each
-cost curve (verification of n tokens as a multiple of a one-token pass):
+the same requests in the same order), keeping every request's prompt and output tokens, the
+engine's target passes by width, and its seconds inside each model's ``llama_decode``. Then
+it prices three ways of drafting the same texts with each cost curve (verification of n tokens
+as a multiple of a one-token pass):
 
 * ``engine``: the passes the engine made in the recording (chosen for *this* machine's curve,
   so on another curve a lower estimate of what the engine would do there);
@@ -157,14 +158,21 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         requests = []
         t0 = time.perf_counter()
         for step in agent_trace.trace():
+            before = _decode_seconds(engine)
             prompt, fin, _ = run(step.build(answers))
+            target_s, draft_s = (b - a for a, b in zip(before, _decode_seconds(engine),
+                                                         strict=True))
             answers[step.name] = fin.text
             s = fin.stats
             requests.append({"name": step.name, "prompt": prompt, "output": list(fin.tokens),
                              "uncached_prompt": s.prompt_tokens - s.prompt_cached_tokens,
                              "draft_model_tokens": s.draft_model_tokens,
                              "passes": {str(k): c for k, c in sorted(s.k_counts.items())},
-                             "seconds": s.total_seconds})
+                             "seconds": s.total_seconds,
+                             # Where the seconds went: inside each model's llama_decode (the
+                             # draft's catching up and prompt included), the rest host work.
+                             "target_decode_seconds": round(target_s, 3),
+                             "draft_decode_seconds": round(draft_s, 3)})
             print(f"{step.name}: {len(fin.tokens)} tokens, {s.target_passes} passes, "
                   f"{s.total_seconds:.1f} s", file=sys.stderr, flush=True)
         cal = engine.calibration
@@ -175,6 +183,12 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 1),
             "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests,
             "warmup": {"prompt": warm_prompt, "output": list(warm.tokens)}}
+
+
+def _decode_seconds(engine: Any) -> tuple[float, float]:
+    """Seconds each model has spent inside llama_decode so far (the draft's 0 without one)."""
+    draft = engine.draft
+    return engine.target.decode_seconds, draft.decode_seconds if draft is not None else 0.0
 
 
 def candidates(requests: Sequence[dict[str, Any]],
@@ -267,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     if 1 in here:
         curves = {"here": here, **curves}
     table = price(rec, curves)
+    reqs = rec["requests"]
+    if reqs and "target_decode_seconds" in reqs[0]:  # recordings before 2026-12-06 lack it
+        total = sum(r["seconds"] for r in reqs)
+        target = sum(r["target_decode_seconds"] for r in reqs)
+        draft = sum(r["draft_decode_seconds"] for r in reqs)
+        print(f"recorded {total:.1f} s: target decoding {target:.1f} s, draft decoding "
+              f"{draft:.1f} s, the rest {total - target - draft:.1f} s")
     print(f"{'curve':<12} {'engine':>14} {'policy':>14} {'bound':>14}   (decode / with prefill)")
     for name, row in table.items():
         cells = [f"{row[w]['decode_speedup']:.2f}x/{row[w]['trace_speedup']:.2f}x"
