@@ -9,8 +9,8 @@ over the rounds, and the median of the per-round B/A ratios (the paired figure t
   .venv/bin/python benchmarks/ab_commits.py --a 65ac510 --b HEAD --rounds 3 \\
       --target T.gguf --draft D.gguf [--json OUT] [-- extra bench options]
 
-``--json`` is rewritten whole after every round (``rounds_done``, ``complete``), so a run cut
-off partway keeps the rounds it finished.
+``--json`` is replaced whole (atomically) after every round (``rounds_done``, ``complete``),
+so a run cut off partway keeps the rounds it finished.
 
 Two settings of one commit pair the same way: ``--a HEAD --b HEAD --a-args="--tree off"``
 (``--a-args``/``--b-args``: bench options for that side only).
@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from localspec.files import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +91,8 @@ def main() -> int:
                 # Each round is kept as it ends: a run cut off after 40 minutes keeps what
                 # it measured, marked as the rounds it holds.
                 if args.json:
-                    _write(args.json, {**summarize(args, runs), "runs": runs})
+                    atomic_write(args.json, json.dumps({**summarize(args, runs), "runs": runs},
+                                                       indent=2))
         finally:
             for t in trees.values():
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(t)],
@@ -99,14 +102,13 @@ def main() -> int:
         print(f"{row['prompt']:10s} a {row['a_median']:.2f}x  b {row['b_median']:.2f}x  "
               f"b/a {row['b_over_a_paired']:.2f}  identical {row['identical']}")
     if args.json:
-        _write(args.json, {**report, "runs": runs})
+        atomic_write(args.json, json.dumps({**report, "runs": runs}, indent=2))
     return 0
 
 
 def summarize(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians per prompt and paired B/A ratios over the rounds both sides finished."""
     done = min(len(runs["a"]), len(runs["b"]))
-    names = [p["name"] for p in runs["a"][0]["prompts"]] if done else []
 
     def speedups(side: str, i: int | None) -> list[float]:
         return [run["speedup"] if i is None else run["prompts"][i]["speedup"]
@@ -118,6 +120,7 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -
                               "complete": done == args.rounds, "prompts": []}
     if not done:
         return report
+    names = [p["name"] for p in runs["a"][0]["prompts"]]
     for i, name in enumerate([*names, None]):
         j = None if name is None else i
         a, b = speedups("a", j), speedups("b", j)
@@ -128,13 +131,6 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -
             "identical": all((run["all_identical"] if j is None else run["prompts"][j]["identical"])
                              for side in runs.values() for run in side[:done])})
     return report
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    """Replace ``path`` whole: a reader never sees half a report."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    tmp.replace(path)
 
 
 if __name__ == "__main__":

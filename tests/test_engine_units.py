@@ -174,8 +174,8 @@ def test_the_draft_models_catching_up_on_a_copy_is_priced_into_its_next_draft() 
     ctl = DraftController(costs, 8)
     ctl.model_acc.rate = 0.85
     assert ctl.model_worth_trying(room=100)
-    assert ctl.model_worth_trying(room=100, behind=4)
-    assert not ctl.model_worth_trying(room=100, behind=60)
+    assert ctl.model_worth_trying(room=100, behind=lambda: 4)
+    assert not ctl.model_worth_trying(room=100, behind=lambda: 60)
     # A free drafter's copy is then held to the lower bar of what the model could do now.
     assert ctl.expected_model_rate(8, behind=60) < ctl.expected_model_rate(8)
     assert ctl.expected_model_rate(8, behind=60) < 0.95 * ctl.expected_model_rate(8)

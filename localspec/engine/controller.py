@@ -724,10 +724,12 @@ class DraftController:
                 best_k, best = k, rate
         return best_k, best
 
-    def model_worth_trying(self, room: int, behind: int = 0) -> bool:
+    def model_worth_trying(self, room: int,
+                           behind: Callable[[], int] | None = None) -> bool:
         """Whether drafting (some number of) model tokens is expected to beat plain decoding,
-        the draft first catching up on ``behind`` tokens it has not seen (see
-        ``expected_model_rate``).
+        the draft first catching up on the ``behind()`` tokens it has not seen (see
+        ``expected_model_rate``; counted only where drafting would otherwise pay, since
+        counting walks the whole sequence).
 
         Every length is considered, not just one token: verification cost is usually concave
         in the number of tokens, so K=1 can lose where K=5 wins."""
@@ -737,8 +739,10 @@ class DraftController:
             return False
         rate, plain = self.expected_model_rate(room), self.plain_rate()
         self._long_run = max(rate, plain)
-        if behind > 0:
-            rate = self.expected_model_rate(room, behind)
+        if rate > self.MARGIN * plain and behind is not None:
+            n = behind()
+            if n > 0:
+                rate = self.expected_model_rate(room, n)
         return rate > self.MARGIN * plain
 
     def expected_model_rate(self, room: int, behind: int = 0) -> float:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import numbers
 import secrets
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -734,7 +735,9 @@ class SpeculativeEngine:
                 cand = self._free_proposal(run, controller, ctx, free_cap, cap, cand) or cand
             cand.truncate(controller.trim(cand))
             return cand
-        behind = self._answer_behind(run, primary)
+        # Counted at most once a step, and only where a decision needs it: it walks the
+        # whole sequence.
+        behind = functools.cache(lambda: self._answer_behind(run, primary))
         free = self._free_proposal(run, controller, ctx, free_cap, cap, behind=behind)
         if free is not None:
             return self._free_tree(run, controller, ctx, room, free)
@@ -859,7 +862,8 @@ class SpeculativeEngine:
     @staticmethod
     def _free_proposal(run: _Run, controller: DraftController, ctx: DraftContext,
                        cap: int, model_cap: int,
-                       first: Proposal | None = None, behind: int = 0) -> Proposal | None:
+                       first: Proposal | None = None,
+                       behind: Callable[[], int] = lambda: 0) -> Proposal | None:
         """The free drafters' best proposal (of ``cap`` tokens at most) by its drafter's
         acceptance: beside a costly drafter, only where that predicts at least the tokens per
         second expected from it (drafting ``model_cap`` at most); beside a free draft mode's
@@ -875,7 +879,7 @@ class SpeculativeEngine:
                 continue
             rate = controller.free_rate(cand)
             if bar is None:
-                bar = controller.expected_model_rate(model_cap, behind)
+                bar = controller.expected_model_rate(model_cap, behind())
             if rate >= bar and (best is None or rate > best_rate):
                 best, best_rate = cand, rate
         return best
