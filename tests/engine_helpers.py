@@ -9,6 +9,7 @@ from localspec.engine import (
     SamplingParams,
     SpeculativeEngine,
 )
+from localspec.engine.controller import AcceptanceModel
 
 PROMPTS = (
     "the model and the draft",
@@ -36,3 +37,14 @@ def run(engine: SpeculativeEngine, prompt: str, *, max_tokens: int = 48, mode: s
                             stop=stop, draft=DraftSettings(mode=mode, k=k, exact=exact,  # type: ignore[arg-type]
                                                            rule=rule))  # type: ignore[arg-type]
     return engine.generate(req)
+
+
+def trust(acc: AcceptanceModel) -> None:
+    """Make ``acc`` trusted as requests do: TRUSTED_AFTER requests whose first EARLY checked
+    tokens were all accepted (at a confidence of 1.0, so only that bin learns)."""
+    for _ in range(acc.TRUSTED_AFTER):
+        acc.start_request()
+        acc.observe([1.0] * acc.EARLY, acc.EARLY)
+        acc.end_request()
+    acc.start_request()
+    assert acc.trusted and not acc.unproven

@@ -642,6 +642,61 @@ def test_a_free_drafters_bins_are_rescaled_by_this_requests_own_outcomes() -> No
     assert lookup.request_estimate(0.75) >= lookup.estimate(0.75)
 
 
+STEEP = {1: 0.085, 2: 0.128, 4: 0.187, 8: 0.28, 13: 0.29, 16: 0.36, 32: 0.55, 64: 0.93}
+
+
+def test_an_unproven_free_drafters_copy_risks_little_until_the_request_bears_it_out() -> None:
+    """On a cold index one edit prompt's copies held and taught the bins, and the next edit
+    prompt's first long copy was rejected at its first token: on a compute-bound target that
+    pass was 2.8 one-token passes of a 113-token answer, its whole loss to the target alone.
+    Until a request's first checked tokens bear the bins out, and unless the drafter's last
+    requests all did, a copy may cost at most UNPROVEN_LOSS passes if rejected at once."""
+    acceptance: dict[str, AcceptanceModel] = {}
+
+    def request() -> DraftController:
+        return DraftController(CostModel.from_measurements(STEEP, 8, 0.01), 8,
+                               acceptance=acceptance)
+
+    def long_copy() -> Proposal:
+        return Proposal("lookup", tokens=list(range(100, 140)), confidences=[0.75] * 40)
+
+    ctl = request()
+    for _ in range(100):  # one earlier request whose copies held
+        ctl.observe(_copy(), 3, 3)
+    ctl.end_request()
+    ctl = request()
+    lookup = acceptance["lookup"]
+    cap = ctl.unproven_cap()
+    t1 = ctl.costs.verify(1)
+    assert ctl.costs.verify(cap + 1) <= t1 * (1 + ctl.UNPROVEN_LOSS) < ctl.costs.verify(cap + 2)
+    assert lookup.unproven and ctl.trim(long_copy()) == cap < 10
+    for _ in range(3):  # this request's copies hold too: 9 checked tokens
+        ctl.observe(_copy(), 3, 3)
+    assert not lookup.unproven and ctl.trim(long_copy()) > cap
+    ctl.end_request()
+    ctl = request()  # two requests bore the bins out: not yet enough to trust the next
+    assert lookup.unproven and ctl.trim(long_copy()) == cap
+    for _ in range(3):
+        ctl.observe(_copy(), 3, 3)
+    ctl.end_request()
+    ctl = request()  # three did: the next request's first copy is verified long
+    assert lookup.trusted and ctl.trim(long_copy()) > cap
+    for _ in range(8):  # a request whose copies fail at once
+        ctl.observe(_copy(), 1, 0)
+    ctl.end_request()
+    ctl = request()
+    assert not lookup.trusted and ctl.trim(long_copy()) == cap
+
+
+def test_on_a_flat_curve_an_unproven_copy_is_not_capped() -> None:
+    """Where a wide pass costs little more than a narrow one (a GPU), a rejected copy costs
+    little: the cap is the free drafters' longest draft."""
+    flat = {1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0105, 16: 0.011, 32: 0.012, 64: 0.014}
+    ctl = DraftController(CostModel.from_measurements(flat, 8, 0.001), 8)
+    assert ctl.acceptance["lookup"].unproven
+    assert ctl.unproven_cap() == ctl.FREE_MAX
+
+
 def test_a_chain_widths_cost_is_the_median_of_its_rounds() -> None:
     """One slow moment (a timing of 9.0 among ~1.0s) moves one round, not the width's cost;
     every width is timed once a round, widths interleaved."""

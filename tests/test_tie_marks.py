@@ -17,7 +17,7 @@ from localspec.engine.history_index import MARK_CLEAR, MARK_TIED, MARK_UNKNOWN
 from localspec.engine.history_store import HistoryStore
 from localspec.engine.stats import GenerationStats
 
-from .engine_helpers import PROMPTS
+from .engine_helpers import PROMPTS, trust
 
 N = 40
 
@@ -74,6 +74,7 @@ def _controller(tie_rate: float) -> DraftController:
     points = {1: 0.010, 2: 0.016, 13: 0.082, 16: 0.10, 32: 0.196, 64: 0.388}
     ctl = DraftController(CostModel.from_measurements(points, 12, 0.005), 12,
                           ties=NearTieRate(prior=tie_rate))
+    trust(ctl.acceptance["history"])  # long copies are priced here, not capped as unproven
     return ctl
 
 

@@ -220,7 +220,8 @@ class AcceptanceModel:
 
     __slots__ = ("hits", "seen", "rates", "prior_rates", "_depth_hits",
                  "_depth_seen", "_depth_prior", "_observed", "_request_hits", "_request_seen",
-                 "_sibling_hits", "_sibling_seen", "_calib_hits", "_calib_expected")
+                 "_sibling_hits", "_sibling_seen", "_calib_hits", "_calib_expected",
+                 "_early_hits", "_early_expected", "_early_seen", "_early_ratios")
 
     # A token tree's other guesses (rank 1, 2, ... below the draft's first): P(the target
     # chose it | its parent was accepted), before any tree was verified, and the outcomes
@@ -247,6 +248,16 @@ class AcceptanceModel:
     # This request's accepted tokens against what the bins predicted for them (see
     # request_estimate) start from agreement worth this many predicted acceptances.
     CALIB_PRIOR = 4.0
+    # A request's first EARLY checked tokens say whether its own text bears out the pooled
+    # bins (their acceptances over the bins' predictions). Until they are in, a drafter whose
+    # last TRUSTED_AFTER requests all bore them out (each at TRUST_RATIO or better) is
+    # trusted; any other is unproven in this request (see DraftController.UNPROVEN_LOSS).
+    # On a cold index the type-hint edit's copies held and the rename prompt's did not, at
+    # the same match lengths (offline, first tokens after an 8-11 token match: 8 of 8
+    # against 4 of 7): one request's bins say little of the next one's text.
+    EARLY = 8
+    TRUSTED_AFTER = 3
+    TRUST_RATIO = 0.8
 
     def __init__(self, prior_rate: float = 0.6) -> None:
         self.hits = [0.0] * N_BINS
@@ -257,7 +268,32 @@ class AcceptanceModel:
         self.rates = [prior_rate] * MAX_DEPTH
         self._sibling_hits = [0.0] * len(self.SIBLING_PRIOR)
         self._sibling_seen = [0.0] * len(self.SIBLING_PRIOR)
+        # This request's first EARLY outcomes (see EARLY), and past requests' ratios there.
+        self._early_hits = self._early_expected = self._early_seen = 0.0
+        self._early_ratios: list[float] = []
         self._forget()
+
+    @property
+    def unproven(self) -> bool:
+        """Whether this request's drafts are yet to show the bins hold for its text, with
+        past requests not reliably bearing them out either (see EARLY)."""
+        return self._early_seen < self.EARLY and not self.trusted
+
+    @property
+    def trusted(self) -> bool:
+        """Whether each of the last TRUSTED_AFTER requests bore out the bins' predictions."""
+        ratios = self._early_ratios
+        return len(ratios) >= self.TRUSTED_AFTER and min(ratios) >= self.TRUST_RATIO
+
+    def _observe_early(self, ok: float, predicted: float) -> None:
+        if self._early_seen >= self.EARLY:
+            return
+        self._early_hits += ok
+        self._early_expected += predicted
+        self._early_seen += 1.0
+        if self._early_seen >= self.EARLY:
+            ratio = self._early_hits / max(self._early_expected, 1e-9)
+            self._early_ratios = [*self._early_ratios, ratio][-self.TRUSTED_AFTER:]
 
     @property
     def sibling_rates(self) -> list[float]:
@@ -364,8 +400,10 @@ class AcceptanceModel:
         for i, conf in enumerate(seen):
             b = min(int(conf * N_BINS), N_BINS - 1)
             ok = 1.0 if i < n_accepted else 0.0
+            predicted = self.estimate(conf)
             self._calib_hits = self.DECAY * self._calib_hits + ok
-            self._calib_expected = self.DECAY * self._calib_expected + self.estimate(conf)
+            self._calib_expected = self.DECAY * self._calib_expected + predicted
+            self._observe_early(ok, predicted)
             self.hits[b] += ok
             self.seen[b] += 1.0
             self._count(i, ok)
@@ -392,6 +430,7 @@ class AcceptanceModel:
     def start_request(self) -> None:
         """A new request starts from what past requests taught (this pair on this machine)."""
         self._forget()
+        self._early_hits = self._early_expected = self._early_seen = 0.0
         self._observed = False
         self._update()
 
@@ -669,6 +708,13 @@ class DraftController:
     # measured cost curve's to decide, within the widest pass measured: an agent resending a
     # file accepts 30-60 tokens in a row, where a 12-token cap leaves most of the gain.
     FREE_MAX = 64
+    # What an unproven free draft (AcceptanceModel.unproven) may cost if its first token is
+    # rejected: its pass less the plain step it replaces, in one-token passes. Priced by the
+    # pooled bins alone, the rename prompt's first run verified a 22-token copy the target
+    # rejected at once, 2.8 passes of a 113-token answer on a compute-bound target (Q4_K_M
+    # on a 2-core AMX CPU), its whole loss to the target alone (0.974x). A copy the request
+    # bears out is verified whole next step; on a flat (GPU) curve this caps nothing.
+    UNPROVEN_LOSS = 1.5
 
     def __init__(self, costs: CostModel, k_max: int, fixed_k: int | None = None,
                  acceptance: dict[str, AcceptanceModel] | None = None,
@@ -700,6 +746,7 @@ class DraftController:
         # request only (the costs they were priced at drift).
         self._trees: dict[tuple[object, ...], TreePlan | None] = {}
         self.tree_pauses = tree_pauses or TreePauses()
+        self._unproven_cap: int | None = None
 
     @property
     def model_acc(self) -> AcceptanceModel:
@@ -844,15 +891,33 @@ class DraftController:
         rates += [rate] * (len(prop.tokens) + 1 - len(rates))
         return rates
 
+    def unproven_cap(self) -> int:
+        """The most tokens an unproven free draft may have (see UNPROVEN_LOSS): measured once
+        a request, on the curve as it stood."""
+        if self._unproven_cap is None:
+            t1, n = self.costs.verify(1), 0
+            while (n < self.FREE_MAX
+                   and self.costs.verify(n + 2) <= t1 * (1.0 + self.UNPROVEN_LOSS)):
+                n += 1
+            self._unproven_cap = n
+        return self._unproven_cap
+
+    def _free_len(self, prop: Proposal) -> int:
+        """How many of a free draft's tokens may be priced: all, or an unproven drafter's cap."""
+        if self.acceptance[prop.source].unproven:
+            return min(len(prop.tokens), self.unproven_cap())
+        return len(prop.tokens)
+
     def _free_prefix(self, prop: Proposal) -> tuple[int, float]:
         ties = self.tie_rates(prop)
+        n_max = self._free_len(prop)
         if len(prop.confidences) != len(prop.tokens):
             rate = self.acceptance[prop.source].rate
-            return _best_prefix([rate] * len(prop.tokens), self.costs, tie=ties)
+            return _best_prefix([rate] * n_max, self.costs, tie=ties)
         probs: list[float] = []
         seen: dict[float, float] = {}
         reach = 1.0
-        for c in prop.confidences:  # a copy's tokens share a few confidences
+        for c in prop.confidences[:n_max]:  # a copy's tokens share a few confidences
             p = seen.get(c)
             if p is None:
                 p = seen[c] = self._free_estimate(prop.source, c)
@@ -882,6 +947,10 @@ class DraftController:
         if max_nodes < 2:
             return None
         source = source or self.model
+        if source != self.model and self.acceptance[source].unproven:
+            max_nodes = min(max_nodes, self.unproven_cap())
+            if max_nodes < 2:
+                return None
         if self.tree_pauses.skip(source):
             return None
         plan = self._tree_plan(room, max_nodes, source, branches)
