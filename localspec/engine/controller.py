@@ -268,8 +268,7 @@ class AcceptanceModel:
         self.rates = [prior_rate] * MAX_DEPTH
         self._sibling_hits = [0.0] * len(self.SIBLING_PRIOR)
         self._sibling_seen = [0.0] * len(self.SIBLING_PRIOR)
-        # This request's first EARLY outcomes (see EARLY), and past requests' ratios there.
-        self._early_hits = self._early_expected = self._early_seen = 0.0
+        # Past requests' ratios over their first EARLY outcomes (see EARLY).
         self._early_ratios: list[float] = []
         self._forget()
 
@@ -344,6 +343,8 @@ class AcceptanceModel:
         # This request's observed acceptances and the bins' predictions for them, faded.
         self._calib_hits = 0.0
         self._calib_expected = 0.0
+        # This request's first EARLY outcomes, unfaded, and the bins' predictions for them.
+        self._early_hits = self._early_expected = self._early_seen = 0.0
 
     def _update(self, start: int = 0) -> None:
         """Recompute the depth estimates from ``start`` down (O(MAX_DEPTH), once per step)."""
@@ -430,7 +431,6 @@ class AcceptanceModel:
     def start_request(self) -> None:
         """A new request starts from what past requests taught (this pair on this machine)."""
         self._forget()
-        self._early_hits = self._early_expected = self._early_seen = 0.0
         self._observed = False
         self._update()
 
