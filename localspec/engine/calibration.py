@@ -46,19 +46,23 @@ log = logging.getLogger(__name__)
 # 5: target passes wider than a chain (WIDE_WIDTHS) are measured too, for token trees.
 # 6: each chain width is the median of NARROW_ROUNDS timings.
 # 7: wide widths are measured while their tokens get cheaper (WIDE_GAIN), not to 6 passes.
-CALIBRATION_VERSION = 7
+# 8: ... cheaper than in a pass half as wide, not than in the widest chain width.
+CALIBRATION_VERSION = 8
 # Rounds over the chain widths, each width's median kept. Timed once, a width came out 10-20%
 # off on these 2-core machines (a 5-token F16 pass at 1.66 one-token passes in one
 # measurement, 1.40 in the next, same machine): enough to flip auto's first decision to plain
 # decoding, where it then stayed for a whole request (benchmarks/README.md, 2026-12-02 A/B).
 NARROW_ROUNDS = 3
 # Token trees' and long copies' widths: a handful up to 256 nodes, each timed once. Measuring
-# stops at the first width whose tokens are not at least WIDE_GAIN cheaper each than the width
-# before's: two narrower passes then verify as many tokens for about as little, and a wide pass
-# of a large model on a CPU takes seconds to time. (It stopped at the first width over 6
-# one-token passes, taken as one no draft could repay; but a copy accepted whole yields every
-# token it holds: on Q4_K_M here 16 tokens cost 8.2 passes, 32 11.9 and 64 17.9, and the chats
-# that copied their last answer whole stopped at 2.4x for want of the wider passes.)
+# stops at the first width whose tokens are not at least WIDE_GAIN cheaper each than in a pass
+# half as wide (the widest timed at or under half): two such passes then verify as many tokens
+# for about as little, and a wide pass of a large model on a CPU takes seconds to time. (It
+# stopped at the first width over 6 one-token passes, taken as one no draft could repay; but a
+# copy accepted whole yields every token it holds: on Q4_K_M here 16 tokens cost 8.2 passes, 32
+# 11.9 and 64 17.9, and the chats that copied their last answer whole stopped at 2.4x for want
+# of the wider passes. Then it compared 16 with the widest chain width, 13 on F16 here, which a
+# 23% wider pass beats by 10% only by chance: on an AMX machine 25.8 ms a token against 28.4
+# stopped it, and the agent trace's copies were cut at 15 tokens.)
 WIDE_WIDTHS = (16, 32, 64, 128, 256)
 WIDE_GAIN = 0.1
 
@@ -193,15 +197,16 @@ def median_times(time_width: Callable[[int], float], widths: Sequence[int],
 
 def cheaper_per_token(points: dict[int, float], width: int) -> bool:
     """Whether a token costs at least WIDE_GAIN less in a pass of ``width`` (timed, in
-    ``points``) than in the next narrower pass timed: else wider passes are not worth timing."""
-    before = max(n for n in points if n < width)
+    ``points``) than in a pass half as wide (the widest timed at or under half): else wider
+    passes are not worth timing."""
+    before = max(n for n in points if n <= width // 2)
     return points[width] / width <= (1.0 - WIDE_GAIN) * points[before] / before
 
 
 def _measure_wide(target: LlamaRunner, points: dict[int, float], seq: list[int],
                   limit: int) -> None:
     """Time one pass at each of WIDE_WIDTHS that fits (``limit``), narrowest first, until a
-    token costs not WIDE_GAIN less in it than in the width before. Its tokens are the text's,
+    token costs not WIDE_GAIN less in it than in a pass half as wide. Its tokens are the text's,
     repeated: what a pass costs does not depend on which tokens it holds."""
     base = len(target.tokens)
     for w in WIDE_WIDTHS:
