@@ -65,6 +65,22 @@ def test_bench_refuses_an_empty_prompt(target_gguf: Path) -> None:
     assert "--prompt must not be empty" in _one_line(proc.stderr)
 
 
+def test_bench_reports_a_bad_file_before_measuring_this_machine(tmp_path: Path,
+                                                               target_gguf: Path) -> None:
+    """Without a cached repack verdict, `bench` runs the self-test before timing anything:
+    a file that cannot load is one line at once, not after the self-test's seconds."""
+    from localspec.engine import repack
+
+    repack.cache_file().unlink()
+    bad = tmp_path / "draft.gguf"
+    bad.write_bytes(b"not a model")
+    proc = run_cli("bench", "--target", str(target_gguf), "--draft", str(bad),
+                   "--prompt", "hi", "-n", "2")
+    assert proc.returncode == 1, proc.stderr
+    assert "not a GGUF file" in _one_line(proc.stderr)
+    assert not repack.cache_file().exists()  # no self-test ran
+
+
 def test_options_after_the_pair_name(target_gguf: Path, draft_gguf: Path) -> None:
     """`run PAIR -n 8 "prompt"`: options among the positionals, as in every CLI users know."""
     add = run_cli("pair", "add", "tiny", "--target", str(target_gguf), "--draft", str(draft_gguf))

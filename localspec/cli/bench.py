@@ -120,15 +120,18 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, read_config=False)
     if args.url:
         return _run_remote(args, prompts, settings)
-    if settings.repack == "auto":
-        from ..engine import repack
-
-        repack.settle_before_measuring()
     from dataclasses import replace
 
     from ..history import scope_for
 
     spec = replace(engine_spec(args, args.pair, settings), history=scope_for("bench", settings))
+    if settings.repack == "auto":
+        from ..engine import repack
+        from ..loading import resolve_files
+
+        # A bad file is reported before the self-test's seconds, not after.
+        resolve_files(spec)
+        repack.settle_before_measuring()
     err = Console(stderr=True)
     with load_engine(spec) as engine:
         cfg = BenchConfig(
