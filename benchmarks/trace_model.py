@@ -3,6 +3,7 @@ on machines this one is not, and the most any drafting from history could give h
 
     .venv/bin/python benchmarks/trace_model.py --target T.gguf [--draft D.gguf] --json OUT.json
     .venv/bin/python benchmarks/trace_model.py --from OUT.json [--json OUT2.json]   # re-price
+    .venv/bin/python benchmarks/trace_model.py --target T.gguf --draft D.gguf --steps   # + steps
 
 Which tokens a draft gets right is a property of the pair and the texts, not of the machine;
 what a target pass of n tokens costs is the machine's. So this records the trace of
@@ -35,6 +36,10 @@ tokens it drafted, at the draft-to-target cost ratio this run measured, on every
 prompt prefill and its catch-up on tokens other drafters got accepted are not priced, so on a
 target where the draft model drafts (F16 here) ``engine`` is optimistic. The warm-up request is
 in the index the other requests see, as in the engine.
+
+``--steps`` also logs the engine's every step (which drafter, how many tokens it verified, how
+many were accepted) and sorts them against what the free drafters' proposals matched at the same
+position: where the engine's passes went, beside the bound's.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +135,79 @@ def policy_passes(cands: Sequence[Sequence[Candidate]], out: Sequence[int],
 
 
 # -- the recording ---------------------------------------------------------------------------
+Step = tuple[str, int, int]  # the drafter ("plain" for none), tokens verified, tokens accepted
+
+
+@contextmanager
+def logged_steps(log: list[list[Step]]) -> Iterator[None]:
+    """Every step the engine's controllers learn from, one list per request (a controller
+    is made per request), for as long as this is entered. A probe of this script only: the
+    engine keeps no per-step record, and timing it would cost every user a step's bookkeeping."""
+    from localspec.engine.controller import DraftController
+
+    saved = {name: getattr(DraftController, name)
+             for name in ("__init__", "observe", "observe_plain_step", "observe_tree")}
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        saved["__init__"](self, *a, **k)
+        log.append([])
+
+    def observe(self: Any, prop: Any, n_verified: int, n_accepted: int,
+                tied: bool = False) -> None:
+        log[-1].append((prop.source, len(prop.tokens), n_accepted))
+        saved["observe"](self, prop, n_verified, n_accepted, tied)
+
+    def plain(self: Any, tied: bool | None = None) -> None:
+        log[-1].append(("plain", 0, 0))
+        saved["observe_plain_step"](self, tied)
+
+    def tree(self: Any, prop: Any, path: Sequence[int], choices: Sequence[Any]) -> None:
+        log[-1].append((prop.source + " tree", len(prop.tokens), len(path)))
+        saved["observe_tree"](self, prop, path, choices)
+
+    for name, fn in (("__init__", init), ("observe", observe),
+                     ("observe_plain_step", plain), ("observe_tree", tree)):
+        setattr(DraftController, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(DraftController, name, fn)
+
+
+def step_report(rec: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The recording's steps by kind, with their count and their passes' cost on its own
+    curve: plain steps with or without a free proposal that matched; free drafts rejected at
+    once, taken whole where the copy went further, cut short by another proposal, or right;
+    the draft model's, with or without a free proposal that matched further."""
+    curve = {int(k): v for k, v in rec["here"].items()}
+    cands = candidates(rec["requests"], rec.get("warmup"))
+    kinds: Counter[str] = Counter()
+    spent: dict[str, float] = {}
+    for cs, r in zip(cands, rec["requests"], strict=True):
+        out, p = r["output"], 1
+        for source, drafted, accepted in r["steps"]:
+            if p >= len(out):
+                break
+            best = max((matched(t, out, p) for t, _ in cs[p - 1]), default=0)
+            if source == "plain":
+                kind = "plain, a free proposal matched" if best else "plain, nothing matched"
+            elif source == "model":
+                kind = "model, a free proposal matched further" if best > accepted else "model"
+            elif accepted == 0:
+                kind = f"{source}, rejected at once"
+            elif accepted == drafted and best > drafted:
+                kind = f"{source}, all accepted, the copy went further"
+            elif accepted < best:
+                kind = f"{source}, cut short where another proposal went further"
+            else:
+                kind = f"{source}, as far as any proposal matched"
+            kinds[kind] += 1
+            spent[kind] = spent.get(kind, 0.0) + pass_cost(curve, drafted + 1)
+            p += accepted + 1
+    return {k: {"steps": kinds[k], "passes": round(spent[k], 1)} for k in sorted(kinds)}
+
+
 def record(args: argparse.Namespace) -> dict[str, Any]:
     """The trace, in process: per request its prompt and output tokens, the engine's target
     passes by width and the uncached prompt tokens; and this run's measured cost curve."""
@@ -151,7 +231,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                                 draft=DraftSettings(mode=mode, history=True))
         return list(prompt), engine.generate(req), req
 
-    with engine:
+    steps: list[list[Step]] = []
+    with engine, (logged_steps(steps) if args.steps else _nothing()):
         # The first-use calibration, as agent_trace.py does; its answer is in the index too.
         warm_prompt, warm, _ = run(agent_trace._WARMUP)
         answers: dict[str, str] = {}
@@ -175,6 +256,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                              "draft_decode_seconds": round(draft_s, 3)})
             print(f"{step.name}: {len(fin.tokens)} tokens, {s.target_passes} passes, "
                   f"{s.total_seconds:.1f} s", file=sys.stderr, flush=True)
+        if args.steps:
+            for r, logged in zip(requests, steps[1:], strict=True):  # the warm-up's first
+                r["steps"] = logged
         cal = engine.calibration
         here = {int(k): float(v) for k, v in (cal.target_points.items() if cal else [])}
         draft_ratio = cal.draft_token / here[1] if cal and here.get(1) else 0.0
@@ -183,6 +267,11 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 1),
             "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests,
             "warmup": {"prompt": warm_prompt, "output": list(warm.tokens)}}
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _decode_seconds(engine: Any) -> tuple[float, float]:
@@ -257,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--json", help="write the recording and the prices here")
+    ap.add_argument("--steps", action="store_true",
+                    help="log the engine's steps and sort them against the free proposals")
     args = ap.parse_args(argv)
     if args.source:
         try:
@@ -293,10 +384,17 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{row[w]['decode_speedup']:.2f}x/{row[w]['trace_speedup']:.2f}x"
                  for w in ("engine", "policy", "bound")]
         print(f"{name:<12} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14}")
+    report = None
+    if reqs and "steps" in reqs[0]:
+        report = step_report(rec)
+        print(f"{'steps on this curve':<58} {'steps':>6} {'passes':>8}")
+        for kind, row in report.items():
+            print(f"{kind:<58} {row['steps']:>6} {row['passes']:>8.1f}")
     if args.json:
         from localspec.files import atomic_write
 
-        atomic_write(Path(args.json), json.dumps({"prices": table, "recording": rec}))
+        atomic_write(Path(args.json), json.dumps({"prices": table, "steps": report,
+                                                  "recording": rec}))
     return 0
 
 

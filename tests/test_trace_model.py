@@ -121,3 +121,23 @@ def test_a_bad_recording_is_one_line_and_exit_2(tmp_path: Path,
     assert tm.main(["--from", str(bad)]) == 2
     bad.write_text('{"recording": {"here": {}}}')
     assert tm.main(["--from", str(bad)]) == 2
+
+
+def test_step_report_sorts_the_engines_steps_against_what_the_free_drafters_matched() -> None:
+    """An answer that copies its prompt: the first step has nothing to copy yet (prompt
+    lookup needs a 2-token match), then a copy taken in part, one the log says was rejected,
+    and a plain step where the copy would have held."""
+    prompt = list(range(100, 120))
+    out = prompt[:10]
+    steps = [("plain", 0, 0), ("lookup", 3, 3), ("lookup", 2, 0), ("plain", 0, 0),
+             ("model", 1, 1)]
+    rec = {"here": {"1": 1.0, "4": 2.0, "8": 4.0},
+           "requests": [{"name": "r", "prompt": prompt, "output": out, "steps": steps}]}
+    report = tm.step_report(rec)
+    assert report == {
+        "plain, nothing matched": {"steps": 1, "passes": 1.0},
+        "lookup, all accepted, the copy went further": {"steps": 1, "passes": 2.0},
+        "lookup, rejected at once": {"steps": 1, "passes": 1.7},  # a pass of 3
+        "plain, a free proposal matched": {"steps": 1, "passes": 1.0},
+        "model, a free proposal matched further": {"steps": 1, "passes": 1.3},
+    }
