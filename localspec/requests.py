@@ -38,6 +38,8 @@ class ChatOptions:
     sampling: SamplingParams = SamplingParams()
     draft: DraftSettings | None = None
     stop: tuple[str, ...] = ()
+    # The tools the chat template shows the model (OpenAI's ``tools`` objects), for messages.
+    tools: tuple[Mapping[str, object], ...] = ()
 
 
 class Encoder(Protocol):
@@ -47,7 +49,8 @@ class Encoder(Protocol):
     @property
     def draft(self) -> object | None: ...
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str: ...
+    def chat_prompt(self, messages: Sequence[Mapping[str, object]],
+                    tools: Sequence[Mapping[str, object]] = ()) -> str: ...
 
     def tokenize(self, text: str, *, chat: bool) -> tuple[int, ...]: ...
 
@@ -91,16 +94,27 @@ def options_from_settings(settings: Settings, *, draft_mode: str | None = None,
                        stop=tuple(stop))
 
 
-def prompt_tokens(engine: Encoder, prompt: Prompt) -> tuple[int, ...]:
-    """The prompt's tokens: messages through the target's chat template, a string as it is."""
+# What of a message reaches the chat template beside its role and content: an answer's tool
+# calls and the call a tool's result answers (a server's message may also carry a name: not
+# rendered).
+_TOOL_FIELDS = ("tool_calls", "tool_call_id")
+
+
+def prompt_tokens(engine: Encoder, prompt: Prompt,
+                  tools: Sequence[Mapping[str, object]] = ()) -> tuple[int, ...]:
+    """The prompt's tokens: messages (and the tools offered) through the target's chat
+    template, a string as it is."""
     if isinstance(prompt, str):
         return engine.tokenize(prompt, chat=False)
     if prompt and all(isinstance(t, int) for t in prompt):
         return tuple(prompt)  # type: ignore[arg-type]
-    # Only the role and content reach the template (a server's message may carry a name).
-    messages = [{"role": str(m["role"]), "content": str(m["content"])}  # type: ignore[index]
-                for m in prompt]
-    return engine.tokenize(engine.chat_prompt(messages), chat=True)
+    messages: list[dict[str, object]] = []
+    for m in prompt:
+        msg: dict[str, object] = {"role": str(m["role"]),  # type: ignore[index]
+                                  "content": str(m["content"])}  # type: ignore[index]
+        msg.update({k: m[k] for k in _TOOL_FIELDS if k in m})  # type: ignore[operator,index]
+        messages.append(msg)
+    return engine.tokenize(engine.chat_prompt(messages, tools), chat=True)
 
 
 def build_request(engine: Encoder, prompt: Prompt, options: ChatOptions,
@@ -109,7 +123,7 @@ def build_request(engine: Encoder, prompt: Prompt, options: ChatOptions,
     ``default_draft`` (a server's configuration; by default the draft model); either way the
     rule of :func:`draft_mode_for` applies to what this engine holds."""
     draft = options.draft or default_draft or DraftSettings()
-    return GenerationRequest(prompt_tokens=prompt_tokens(engine, prompt),
+    return GenerationRequest(prompt_tokens=prompt_tokens(engine, prompt, options.tools),
                              max_tokens=options.max_tokens, sampling=options.sampling,
                              stop=options.stop,
                              draft=fit_draft(draft, engine.draft is not None))

@@ -276,8 +276,8 @@ def test_bad_messages_and_model(client: openai.OpenAI) -> None:
         client.chat.completions.create(model=MODEL, messages=[])
     assert info.value.body["param"] == "messages"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "tool", "content": "x",
-                                                               "tool_call_id": "1"}])
+        client.chat.completions.create(model=MODEL, messages=[{"role": "function", "content": "x",
+                                                               "name": "f"}])  # type: ignore[list-item]
     assert "messages[0]" in info.value.body["param"]
     with pytest.raises(openai.NotFoundError) as nf:
         client.chat.completions.create(model="gpt-4o", messages=HELLO)
@@ -485,8 +485,8 @@ def test_null_fields_are_fields_left_out() -> None:
 
 
 @pytest.mark.parametrize(("kind", "fields", "param"), [
-    ("chat", {"tools": [{"type": "function"}]}, "tools"),
-    ("chat", {"tool_choice": "auto"}, "tool_choice"),
+    ("chat", {"tools": [{"type": "function"}]}, "tools[0].function"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
     ("chat", {"n": True}, "n"),
     ("chat", {"logprobs": 0}, "logprobs"),
     ("completion", {"logprobs": 0}, "logprobs"),

@@ -9,7 +9,7 @@ import numbers
 import secrets
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -166,13 +166,13 @@ class _Run:
     calibration_decode_calls: int = 0
 
 
-def plain_transcript(messages: Sequence[dict[str, str]]) -> str:
+def plain_transcript(messages: Sequence[Mapping[str, object]]) -> str:
     """Messages for a model with no chat template: one message is its text, as a plain prompt;
     a conversation is a labelled transcript ending where the assistant speaks next, the shape
     a base model continues. Every message is kept: the earlier turns are the context."""
     if len(messages) == 1:
-        return messages[0]["content"]
-    turns = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+        return str(messages[0]["content"])
+    turns = [f"{str(m['role']).capitalize()}: {m['content']}" for m in messages]
     return "\n\n".join([*turns, "Assistant:"])
 
 
@@ -363,8 +363,10 @@ class SpeculativeEngine:
         run.calibration_decode_calls += self._decode_calls() - calls_before
 
     # -- prompts ------------------------------------------------------------------------------
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
-        """Render chat messages with the target's own chat template."""
+    def chat_prompt(self, messages: Sequence[Mapping[str, object]],
+                    tools: Sequence[Mapping[str, object]] = ()) -> str:
+        """Render chat messages (and the tools offered, for a template that takes them) with
+        the target's own chat template."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = self.target.chat_template
@@ -382,7 +384,8 @@ class SpeculativeEngine:
                     eos_token=self.target.piece(self.target.eos_token).decode("utf-8", "replace"),
                     bos_token=self.target.piece(self.target.bos_token).decode("utf-8", "replace"))
                 self._formatters[template] = fmt
-            return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
+            return fmt(messages=list(messages),  # type: ignore[arg-type]
+                       tools=list(tools) or None).prompt  # type: ignore[arg-type]
         except Exception as exc:
             detail = str(exc).splitlines()[0][:200] if str(exc) else ""
             raise ChatTemplateError(

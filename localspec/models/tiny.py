@@ -66,6 +66,10 @@ class TinyModelSpec:
     # negative ones as i32), floats as f32, strings and bools as such, tuples as arrays of
     # those; ``Typed`` for other types; None removes the key.
     metadata: tuple[tuple[str, MetadataValue], ...] = ()
+    # Words (of ``words``, each once) that greedy decoding writes in this order after any other
+    # token, then EOS: a real model whose answer is known, for what reads answers (a server
+    # parsing tool calls). Its blocks add nothing, so each position's logits are its token's.
+    script: tuple[str, ...] = ()
 
 
 def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
@@ -109,7 +113,33 @@ def _weights(spec: TinyModelSpec, n_vocab: int) -> dict[str, np.ndarray]:
     w["output_norm.weight"] = np.ones(spec.n_embd, dtype=np.float32)
     w["output.weight"] = mat(n_vocab, spec.n_embd, 4.0 * spec.output_scale)
     w["output.weight"][:3] *= spec.eos_scale
+    if spec.script:
+        _scripted(w, spec, rng)
     return w
+
+
+def _scripted(w: dict[str, np.ndarray], spec: TinyModelSpec, rng: np.random.Generator) -> None:
+    """Make ``w`` write ``spec.script``: every other token shares one embedding, whose output
+    row is the script's first word; each word's embedding is the output row of the next (the
+    last one's, EOS's). Rows are unit vectors times a scale that leaves the next word's logit
+    far above any other (random 64-dimensional directions overlap by ~1/8)."""
+    tokens, _, _ = vocabulary(spec)
+    ids = [tokens.index("▁" + word) for word in spec.script]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a script's words must differ: the next word follows from the last")
+    for name in w:
+        if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            w[name][:] = 0.0
+    unit = rng.standard_normal((len(ids) + 1, spec.n_embd))
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    embd = np.repeat(unit[:1], len(tokens), axis=0)
+    embd[ids] = unit[1:]
+    w["token_embd.weight"] = (embd * np.sqrt(spec.n_embd)).astype(np.float32)
+    out = np.zeros_like(w["output.weight"])
+    scale = 20.0 / np.sqrt(spec.n_embd)  # the norm's output has length sqrt(n_embd)
+    for prev, nxt in zip([unit[0], *unit[1:]], [*ids, 2], strict=True):  # 2: EOS
+        out[nxt] = prev * scale
+    w["output.weight"] = out.astype(np.float32)
 
 
 def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:

@@ -50,9 +50,11 @@ from .openai_schema import (
     parse_request,
     request_options,
     sse,
+    tool_error,
     usage_chunk,
 )
 from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
+from .tool_calls import ToolCallStream, ToolError, check_template
 
 if TYPE_CHECKING:
     from ..engine.decoder import GenerationRequest, SpeculativeEngine
@@ -341,6 +343,11 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     engine = state.worker.engine
     if engine is None or state.worker.state != "ready":
         raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
+    if parsed.tools:
+        try:
+            check_template(engine.target.chat_template, model)
+        except ToolError as exc:
+            raise tool_error(exc) from None
     options = request_options(parsed, state.config)
     try:
         built = await _on_engine(state, lambda: _build(engine, parsed, options))
@@ -371,7 +378,7 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     finally:
         watch.stop()
         job.cancel.set()  # no-op when finished; stops the engine if this handler is cancelled
-    return JSONResponse(full_response(kind, rid, model, done))
+    return JSONResponse(full_response(kind, rid, model, done, parsed.tool_names))
 
 
 def _check_model(name: str | None, state: ServerState) -> str:
@@ -424,16 +431,25 @@ async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: st
     # The status line (200) is sent with the first event: an error from here on can only be
     # an error event, and is counted like an error status.
     kind = parsed.kind
+    # Where the model was shown tools, a call is held back from the content and sent whole.
+    calling = ToolCallStream(parsed.tool_names) if parsed.tools else None
     try:
         if kind == "chat":
             yield sse(chunk(kind, rid, model, "", first=True))
         while True:
             event = await events.queue.get()
             if isinstance(event, TextChunk):
-                yield sse(chunk(kind, rid, model, event.text, drafted=event.drafted))
+                text = calling.feed(event.text) if calling is not None else event.text
+                if text:
+                    yield sse(chunk(kind, rid, model, text, drafted=event.drafted))
                 continue
             if isinstance(event, Finished) and event.finish_reason != "cancelled":
-                yield sse(chunk(kind, rid, model, done=event))
+                tail, calls = calling.finish() if calling is not None else ("", [])
+                if tail:
+                    yield sse(chunk(kind, rid, model, tail))
+                if calls:
+                    yield sse(chunk(kind, rid, model, calls=calls))
+                yield sse(chunk(kind, rid, model, done=event, called=bool(calls)))
                 if parsed.include_usage:
                     yield sse(usage_chunk(kind, rid, model, event))
                 break

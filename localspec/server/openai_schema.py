@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -19,6 +19,13 @@ from ..engine.sampling import SamplingParams
 from ..engine.stats import GenerationStats
 from ..requests import ChatOptions
 from .config import ServerConfig
+from .tool_calls import (
+    ToolError,
+    assistant_tool_calls,
+    call_deltas,
+    parse_tools,
+    split_tool_calls,
+)
 
 Kind = Literal["chat", "completion"]
 
@@ -36,7 +43,7 @@ _COMMON = {
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format",
               "modalities", "parallel_tool_calls", "tools", "tool_choice"}
 _COMPLETION_ONLY = {"prompt", "echo", "best_of", "suffix"}
-_ROLES = {"system", "developer", "user", "assistant"}
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
 # What the OpenAI SDK's ``model_dump()`` of a reply's message adds beside role and content: fields
 # that say "none" when null or empty, so a client that sends an earlier answer back is served.
 _MESSAGE_EMPTY_FIELDS = {"refusal", "tool_calls", "function_call", "audio", "annotations"}
@@ -85,7 +92,7 @@ class ParsedRequest:
 
     kind: Kind
     model: str | None
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[dict[str, Any], ...] | None
     prompt: str | None
     prompt_tokens: tuple[int, ...] | None
     max_tokens: int | None  # None: as many as the context holds, up to the server's limit
@@ -97,6 +104,12 @@ class ParsedRequest:
     # localspec's extension: a max_tokens past the context is cut to what it holds, as the
     # engine in process does (sent by localspec's own clients), instead of a 400.
     fit_max_tokens: bool = False
+    # The tools the model is shown (``tool_calls``): its answer is read for calls to them.
+    tools: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in self.tools)
 
 
 # -- request validation ------------------------------------------------------------------------
@@ -117,8 +130,13 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
     if model is not None and not isinstance(model, str):
         raise bad_param("model", "'model' must be a string")
     messages = prompt = prompt_tokens = None
+    tools: tuple[dict[str, Any], ...] = ()
     if kind == "chat":
-        messages = _messages(body.get("messages"))
+        try:
+            tools = parse_tools(body.get("tools"), body.get("tool_choice"))
+            messages = _messages(body.get("messages"))
+        except ToolError as exc:
+            raise tool_error(exc) from None
     else:
         prompt, prompt_tokens = _prompt(body.get("prompt"))
     stream = _bool(body, "stream", False)
@@ -129,7 +147,13 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
                          include_usage=include_usage, draft=_draft_fields(body),
-                         fit_max_tokens=fit)
+                         fit_max_tokens=fit, tools=tools)
+
+
+def tool_error(exc: ToolError) -> ApiError:
+    if exc.unsupported:
+        return ApiError(400, exc.message, param=exc.param, code="unsupported_parameter")
+    return bad_param(exc.param, exc.message)
 
 
 def _check_text(body: dict[str, Any]) -> None:
@@ -199,10 +223,6 @@ def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
         raise unsupported("top_logprobs")
     if body.get("logit_bias"):
         raise unsupported("logit_bias")
-    if body.get("tools"):
-        raise unsupported("tools", "tool calls are not supported")
-    if body.get("tool_choice", "none") != "none":
-        raise unsupported("tool_choice", "tool calls are not supported")
     if body.get("echo"):
         raise unsupported("echo")
     if body.get("suffix"):
@@ -217,7 +237,7 @@ def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
         raise unsupported("store", "completions are not stored")
 
 
-def _messages(value: Any) -> tuple[dict[str, str], ...]:
+def _messages(value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not value:
         raise bad_param("messages", "'messages' must be a non-empty list", "missing_required"
                         if value is None else "invalid_value")
@@ -228,19 +248,31 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
             raise bad_param(where, f"'{where}' must be an object")
         role = msg.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            if role in ("tool", "function"):
-                raise unsupported(f"{where}.role", "tool calls are not supported")
+            if role == "function":
+                raise unsupported(f"{where}.role", "the 'function' role is OpenAI's old name "
+                                                   "for 'tool': send tool results as 'tool'")
             raise bad_param(f"{where}.role",
                             f"'{where}.role' must be one of {', '.join(sorted(_ROLES))}")
+        calls = msg.get("tool_calls") if role == "assistant" else None
         for key, field_value in msg.items():
-            if key in ("role", "content", "name"):
+            if key in ("role", "content", "name") or (key == "tool_calls" and calls):
+                continue
+            if key == "tool_call_id" and role == "tool" and isinstance(field_value, str):
                 continue
             if key in _MESSAGE_EMPTY_FIELDS and field_value in (None, [], ""):
                 continue
             raise unsupported(f"{where}.{key}")
         # 'developer' is OpenAI's newer name for 'system'; chat templates know only the latter.
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(msg.get("content"), where)})
+        # An answer that only called tools has no content (null, as OpenAI sends it back).
+        content = "" if calls and msg.get("content") is None \
+            else _content(msg.get("content"), where)
+        item: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                "content": content}
+        if calls:
+            item["tool_calls"] = assistant_tool_calls(calls, where)
+        if role == "tool" and "tool_call_id" in msg:
+            item["tool_call_id"] = msg["tool_call_id"]
+        out.append(item)
     return tuple(out)
 
 
@@ -435,17 +467,25 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
     }
 
 
-def finish_reason(done: Finished) -> str:
-    # "cancelled" is localspec's; OpenAI clients know only stop and length.
+def finish_reason(done: Finished, called: bool = False) -> str:
+    # "cancelled" is localspec's; OpenAI clients know only stop, length and tool_calls.
+    if called:
+        return "tool_calls"
     return "length" if done.finish_reason == "length" else "stop"
 
 
-def full_response(kind: Kind, rid: str, model: str, done: Finished) -> dict[str, Any]:
-    """A non-streamed chat.completion or text_completion."""
+def full_response(kind: Kind, rid: str, model: str, done: Finished,
+                  tool_names: Collection[str] = ()) -> dict[str, Any]:
+    """A non-streamed chat.completion or text_completion; ``tool_names``: the tools the model
+    was shown, so its text is read for calls."""
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(done),
-                                  "logprobs": None,
-                                  "message": {"role": "assistant", "content": done.text}}
+        content, calls = split_tool_calls(done.text, tool_names) if tool_names \
+            else (done.text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(done, bool(calls)),
+                                  "logprobs": None, "message": message}
     else:
         choice = {"index": 0, "text": done.text, "finish_reason": finish_reason(done),
                   "logprobs": None}
@@ -455,16 +495,19 @@ def full_response(kind: Kind, rid: str, model: str, done: Finished) -> dict[str,
 
 
 def chunk(kind: Kind, rid: str, model: str, text: str | None = None, *, first: bool = False,
-          drafted: bool = False,
-          done: Finished | None = None) -> dict[str, Any]:
-    """One streamed chunk: the role (chat, first), a text delta, or the finish with timings."""
-    reason = finish_reason(done) if done is not None else None
+          drafted: bool = False, done: Finished | None = None,
+          calls: Sequence[Mapping[str, Any]] = (), called: bool = False) -> dict[str, Any]:
+    """One streamed chunk: the role (chat, first), a text delta, the calls read from the
+    answer, or the finish with timings (``called``: the answer called tools)."""
+    reason = finish_reason(done, called) if done is not None else None
     if kind == "chat":
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if calls:
+            delta["tool_calls"] = call_deltas(calls)
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason,
                                   "logprobs": None}
     else:
@@ -516,7 +559,8 @@ def request_options(parsed: ParsedRequest, config: ServerConfig) -> ChatOptions:
     :func:`fit_context` fits to the context once the prompt is tokenized)."""
     draft = replace(config.draft, **{_DRAFT_FIELDS[k]: v for k, v in parsed.draft.items()})
     return ChatOptions(max_tokens=parsed.max_tokens or config.default_max_tokens,
-                       sampling=parsed.sampling, stop=parsed.stop, draft=draft)
+                       sampling=parsed.sampling, stop=parsed.stop, draft=draft,
+                       tools=parsed.tools)
 
 
 def fit_context(req: GenerationRequest, parsed: ParsedRequest, n_ctx: int,

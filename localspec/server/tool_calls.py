@@ -1,0 +1,227 @@
+"""Tool calls over the OpenAI wire format: the ``tools`` a request offers, the tool turns of its
+messages, and the calls read back out of the model's text.
+
+The model is told about the tools by its own chat template (the ``tools`` variable, as Hugging
+Face templates take it) and answers a call as text. localspec reads the format of Qwen2.5/Qwen3,
+Hermes and the many templates that copied it: a JSON object ``{"name": ..., "arguments": ...}``
+between ``<tool_call>`` and ``</tool_call>``; or, as Qwen2.5-Coder writes it, such an object as
+the whole answer (bare or in a ```json fence) naming a tool that was offered. A template that does
+not take tools, or asks for calls in another format, is a 400 naming it, so a client never
+believes a tool was offered to a model that was not shown it. Text that does not parse as calls
+is answered as text: nothing the model wrote is dropped.
+
+Pure functions and one small state machine; nothing here touches HTTP or the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
+
+
+class ToolError(ValueError):
+    """A request's tools, tool choice or tool turn that cannot be served; ``param`` names it,
+    ``unsupported`` tells a value localspec does not serve from one that is malformed."""
+
+    def __init__(self, param: str, message: str, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+        self.unsupported = unsupported
+
+
+# -- the request ---------------------------------------------------------------------------------
+def parse_tools(value: Any, choice: Any) -> tuple[dict[str, Any], ...]:
+    """The tools the model is shown: ``tools`` checked, or none where ``tool_choice`` is
+    "none" (the model is not to call one, so it is not told of them)."""
+    mode = _tool_choice(choice)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ToolError("tools", "'tools' must be a list of {'type': 'function', 'function': "
+                                 "{...}} objects")
+    tools = tuple(_tool(item, f"tools[{i}]") for i, item in enumerate(value))
+    return () if mode == "none" else tools
+
+
+def _tool_choice(value: Any) -> str:
+    if value is None or value in ("auto", "none"):
+        return value or "auto"
+    if value == "required" or isinstance(value, dict):
+        raise ToolError("tool_choice", "localspec does not support the parameter 'tool_choice' "
+                                       "at this value: only 'auto' and 'none' (it cannot force "
+                                       "a call)", unsupported=True)
+    raise ToolError("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or an "
+                                   "object naming a function")
+
+
+def _tool(item: Any, where: str) -> dict[str, Any]:
+    if not isinstance(item, dict) or item.get("type") != "function":
+        raise ToolError(where, f"'{where}' must be an object with type 'function' (the only "
+                               "kind of tool there is)")
+    fn = item.get("function")
+    if not isinstance(fn, dict):
+        raise ToolError(f"{where}.function", f"'{where}.function' must be an object")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolError(f"{where}.function.name",
+                        f"'{where}.function.name' must be a non-empty string")
+    for key, kind, label in (("description", str, "a string"),
+                             ("parameters", dict, "a JSON Schema object"),
+                             ("strict", bool, "true or false")):
+        if fn.get(key) is not None and not isinstance(fn[key], kind):
+            raise ToolError(f"{where}.function.{key}", f"'{where}.function.{key}' must be {label}")
+    clean = {k: v for k, v in fn.items() if k in ("name", "description", "parameters")
+             and v is not None}
+    return {"type": "function", "function": clean}
+
+
+def assistant_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An earlier answer's ``tool_calls``, as the chat template renders them: each call's
+    arguments as an object (clients send OpenAI's JSON string; templates print the object)."""
+    if not isinstance(value, list):
+        raise ToolError(f"{where}.tool_calls", f"'{where}.tool_calls' must be a list")
+    calls = []
+    for i, call in enumerate(value):
+        at = f"{where}.tool_calls[{i}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ToolError(at, f"'{at}' must be an object with function.name and "
+                                "function.arguments")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise ToolError(f"{at}.function.arguments",
+                                f"'{at}.function.arguments' is not JSON") from None
+        out: dict[str, Any] = {"type": "function",
+                               "function": {"name": fn["name"], "arguments": args}}
+        if isinstance(call.get("id"), str):
+            out["id"] = call["id"]
+        calls.append(out)
+    return calls
+
+
+def check_template(template: str | None, model: str) -> None:
+    """Refuse tools for a model whose chat template would not show them, or would ask for
+    calls in a format localspec does not read."""
+    if not template or "tools" not in template:
+        raise ToolError("tools", f"the chat template of {model} does not take tools, so the "
+                                 "model could not be told of them", unsupported=True)
+    if OPEN not in template:
+        raise ToolError("tools", f"the chat template of {model} asks for tool calls in a format "
+                                 f"localspec does not read (it reads {OPEN}{{...}}{CLOSE}, as "
+                                 "Qwen and Hermes templates ask)", unsupported=True)
+
+
+# -- the answer ----------------------------------------------------------------------------------
+# A call written without the tags, as the whole answer: a JSON object, bare or in a ```json fence.
+# Qwen2.5-Coder answers so under its own tools template (1.5B Q4_K_M here: ```json {"name":
+# "get_weather", "arguments": {...}} ```). Read only for a tool that was offered.
+_BARE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?", re.DOTALL)
+_BARE_STARTS = ('```json{"name":', '```{"name":', '{"name":')  # whitespace removed
+
+
+def split_tool_calls(text: str, names: Collection[str] = ()
+                     ) -> tuple[str | None, list[dict[str, Any]]]:
+    """The answer's content (None where only calls were written) and its calls in OpenAI's
+    shape: ``<tool_call>`` blocks, or an answer that is one call to a tool of ``names`` and
+    nothing else. Where any block is not a call's JSON, the whole text is content."""
+    calls = []
+    for match in _CALL.finditer(text):
+        call = _call(match.group(1))
+        if call is None:
+            return text, []
+        calls.append(call)
+    if calls:
+        return _CALL.sub("", text).strip() or None, calls
+    bare = _BARE.fullmatch(text.strip())
+    call = _call(bare.group(1)) if bare else None
+    if call is not None and call["function"]["name"] in names:
+        return None, [call]
+    return text, []
+
+
+def _call(body: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": obj["name"], "arguments": arguments}}
+
+
+def _bare_start(text: str) -> bool | None:
+    """Whether an answer beginning so is a call without tags: True, False, or None while
+    too little of it has come to tell."""
+    compact = re.sub(r"\s+", "", text)
+    if compact.startswith(_BARE_STARTS):
+        return True
+    return None if any(form.startswith(compact) for form in _BARE_STARTS) else False
+
+
+@dataclass(slots=True)
+class ToolCallStream:
+    """A streamed answer's text, passed on as content until a call may have begun: from a
+    ``<tool_call>`` on (or the start of one at a chunk's end), or from an answer's start that
+    may be a call without tags, it is held, to be read as calls at the finish, or, if it is
+    not one, sent then as content. ``names``: the tools offered."""
+
+    names: Collection[str] = ()
+    _held: str = ""
+    _calling: bool = False
+    _opening: bool = True  # the answer's start is still to be told a bare call or not
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` to send as content now."""
+        if self._calling:
+            self._held += text
+            return ""
+        text = self._held + text
+        if self._opening:
+            bare = _bare_start(text)
+            if bare is None:
+                self._held = text
+                return ""
+            self._opening = False
+            if bare:
+                self._calling, self._held = True, text
+                return ""
+        at = text.find(OPEN)
+        if at >= 0:
+            self._calling = True
+            self._held = text[at:]
+            return text[:at]
+        # Hold a tail that could be the beginning of OPEN.
+        keep = next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1)
+                     if OPEN.startswith(text[-n:])), 0)
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """The content still to send, and the calls."""
+        held, self._held = self._held, ""
+        if not self._calling:
+            return held, []
+        content, calls = split_tool_calls(held, self.names)
+        if not calls:
+            return held, []
+        # Text after the calls is content too, sent after the text before them.
+        return content or "", calls
+
+
+def call_deltas(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The calls as a stream's ``delta.tool_calls``: each whole, with its index."""
+    return [{"index": i, **dict(call)} for i, call in enumerate(calls)]

@@ -1,0 +1,297 @@
+"""Tool calls through the OpenAI-compatible server: the tools shown to the model by its chat
+template, and its calls read back out of its text, whole or streamed, with the ``openai``
+client. The model is a real tiny llama.cpp model whose answer is scripted in its weights (a
+sentence, then a call in the ``<tool_call>`` format Qwen and Hermes templates ask for)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from localspec.engine import ModelSettings, SpeculativeEngine
+from localspec.models.tiny import _WORDS, TinyModelSpec, write_tiny_model
+from localspec.server import ServerConfig
+from localspec.server.app import create_app
+from localspec.server.openai_schema import ApiError, parse_request
+from localspec.server.running import BackgroundServer
+from localspec.server.tool_calls import ToolCallStream, split_tool_calls
+
+SCRIPT = ("Let", "me", "check.", "<tool_call>", '{"name":', '"get_weather",', '"arguments":',
+          '{"city":', '"Paris"}}', "</tool_call>")
+# A template that shows the tools and asks for calls between <tool_call> tags, as Qwen2.5's does.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|system|>You may call: {% for t in tools %}{{ t | tojson }}{% endfor %}. "
+    "Answer a call as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>"
+    "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+WEATHER: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+ASK = [{"role": "user", "content": "what is the weather in Paris?"}]
+MODEL = "scripted"
+# Qwen2.5-Coder's way under its own tools template (1.5B Q4_K_M, greedy): no tags, a fenced call.
+FENCED = ("```json", '{"name":', '"get_weather",', '"arguments":', '{"city":', '"Paris"}}', "```")
+
+
+def _scripted(folder: Path, script: tuple[str, ...]) -> Path:
+    words = tuple(_WORDS) + tuple(w for w in script if w not in _WORDS)
+    spec = TinyModelSpec(seed=3, words=words, script=script,
+                         metadata=(("tokenizer.chat_template", TOOLS_TEMPLATE),))
+    return write_tiny_model(folder / "scripted.gguf", spec)
+
+
+@contextmanager
+def _serving(model: Path) -> Iterator[openai.OpenAI]:
+    with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=1024)) as eng:
+        srv = BackgroundServer(create_app(eng, ServerConfig(model_id=MODEL))).start()
+        try:
+            yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                                timeout=60)
+        finally:
+            srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    with _serving(_scripted(tmp_path_factory.mktemp("scripted"), SCRIPT)) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def fenced_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    with _serving(_scripted(tmp_path_factory.mktemp("fenced"), FENCED)) as api:
+        yield api
+
+
+def _ask(client: openai.OpenAI, **kw: Any) -> Any:
+    """A completion (or, with stream=True, its chunks) for ASK, greedy."""
+    return client.chat.completions.create(model=MODEL, messages=ASK,  # type: ignore[arg-type]
+                                          max_tokens=40, temperature=0, **kw)
+
+
+# -- through the server ------------------------------------------------------------------------
+def test_a_call_in_the_answer_is_returned_as_tool_calls(client: openai.OpenAI) -> None:
+    choice = _ask(client, tools=[WEATHER]).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_written_without_tags_as_the_whole_answer_is_a_call(
+        fenced_client: openai.OpenAI, stream: bool) -> None:
+    if stream:
+        parts = list(_ask(fenced_client, tools=[WEATHER], stream=True))
+        content = "".join(c.delta.content or "" for p in parts for c in p.choices)
+        calls = [t for p in parts for c in p.choices for t in c.delta.tool_calls or []]
+        reason = next(c.finish_reason for p in parts for c in p.choices if c.finish_reason)
+    else:
+        choice = _ask(fenced_client, tools=[WEATHER]).choices[0]
+        content, calls, reason = choice.message.content or "", choice.message.tool_calls or [], \
+            choice.finish_reason
+    assert content == "" and reason == "tool_calls"
+    (call,) = calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_a_fenced_answer_naming_no_offered_tool_is_text(fenced_client: openai.OpenAI) -> None:
+    other = {"type": "function", "function": {"name": "get_time"}}
+    choice = _ask(fenced_client, tools=[other]).choices[0]
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert '"get_weather"' in (choice.message.content or "")
+
+
+def test_without_tools_the_same_answer_is_text(client: openai.OpenAI) -> None:
+    """Only a request that offered tools has its answer read for calls."""
+    choice = _ask(client).choices[0]
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert "<tool_call>" in (choice.message.content or "")
+    none = _ask(client, tools=[WEATHER], tool_choice="none").choices[0]
+    assert none.finish_reason == "stop" and "<tool_call>" in (none.message.content or "")
+
+
+def test_the_tools_reach_the_model_through_its_template(client: openai.OpenAI) -> None:
+    plain = _ask(client).usage
+    offered = _ask(client, tools=[WEATHER]).usage
+    assert plain is not None and offered is not None
+    assert offered.prompt_tokens > plain.prompt_tokens + 20  # the tool's JSON was rendered
+
+
+def test_a_streamed_call_is_held_back_from_the_content_and_sent_whole(
+        client: openai.OpenAI) -> None:
+    content: list[str] = []
+    calls: list[Any] = []
+    reasons: list[str | None] = []
+    for part in _ask(client, tools=[WEATHER], stream=True):
+        for choice in part.choices:
+            content.append(choice.delta.content or "")
+            calls += choice.delta.tool_calls or []
+            reasons.append(choice.finish_reason)
+    assert "".join(content).strip() == "Let me check."
+    assert not any("<tool" in c for c in content)
+    (call,) = calls
+    assert call.index == 0 and call.function is not None
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments or "") == {"city": "Paris"}
+    assert [r for r in reasons if r] == ["tool_calls"]
+
+
+def test_a_conversation_goes_on_after_a_call_and_its_result(client: openai.OpenAI) -> None:
+    """The answer sent back as the SDK dumps it (content null, the call's arguments a JSON
+    string) and the tool's result: the call is rendered into the next prompt."""
+    answer = _ask(client, tools=[WEATHER]).choices[0].message
+    result = {"role": "tool", "tool_call_id": answer.tool_calls[0].id,
+              "content": '{"sky": "clear"}'}
+
+    def follow_up(sent_answer: dict[str, Any]) -> Any:
+        return client.chat.completions.create(
+            model=MODEL, messages=[*ASK, sent_answer, result],  # type: ignore[list-item]
+            tools=[WEATHER], max_tokens=40, temperature=0)  # type: ignore[list-item]
+
+    again = follow_up(answer.model_dump(exclude_none=True))
+    assert again.choices[0].finish_reason == "tool_calls"  # the script again: it was served
+    bare = follow_up({"role": "assistant", "content": ""})
+    # The call's name and arguments are in the prompt: the bare turn lacks only them.
+    assert again.usage.prompt_tokens > bare.usage.prompt_tokens + 20
+
+
+def test_a_model_whose_template_takes_no_tools_refuses_them(target_gguf: Path) -> None:
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)) as eng:
+        srv = BackgroundServer(create_app(eng, ServerConfig(model_id="tiny"))).start()
+        try:
+            api = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as info:
+                api.chat.completions.create(model="tiny", messages=ASK,  # type: ignore[arg-type]
+                                            tools=[WEATHER])  # type: ignore[list-item]
+        finally:
+            srv.stop()
+    assert info.value.body["param"] == "tools"  # type: ignore[index]
+    assert "does not take tools" in info.value.body["message"]  # type: ignore[index]
+
+
+# -- the request -------------------------------------------------------------------------------
+CFG = ServerConfig(model_id=MODEL)
+
+
+@pytest.mark.parametrize(("fields", "param", "code"), [
+    ({"tools": {"type": "function"}}, "tools", "invalid_value"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name",
+     "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tools[0].function.parameters", "invalid_value"),
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice", "unsupported_parameter"),
+    ({"messages": [{"role": "assistant", "content": None,
+                    "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{x"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "invalid_value"),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]},
+     "messages[0].tool_call_id", "unsupported_parameter"),
+])
+def test_bad_tools_and_tool_turns_are_400_naming_them(fields: dict, param: str,
+                                                      code: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_request({"messages": ASK, **fields}, "chat", CFG)
+    assert (info.value.status, info.value.param, info.value.code) == (400, param, code)
+
+
+def test_tool_turns_reach_the_template_as_it_takes_them() -> None:
+    """An answer's calls with their arguments as objects (templates print them; clients send
+    OpenAI's JSON string), a tool's result with the call it answers; "none" shows no tools."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    parsed = parse_request({"messages": [*ASK, {"role": "assistant", "content": None,
+                                                "tool_calls": [call]},
+                                         {"role": "tool", "tool_call_id": "call_1",
+                                          "content": "clear"}],
+                            "tools": [WEATHER]}, "chat", CFG)
+    assert parsed.tools == (WEATHER,)
+    answer, result = (parsed.messages or ())[1:]
+    assert answer == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    assert result == {"role": "tool", "content": "clear", "tool_call_id": "call_1"}
+    assert parse_request({"messages": ASK, "tools": [WEATHER], "tool_choice": "none"},
+                         "chat", CFG).tools == ()
+
+
+# -- reading calls out of text -----------------------------------------------------------------
+def test_calls_are_read_out_of_the_text_around_them() -> None:
+    text = ('Two calls.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>{"name": "b", "parameters": {"y": "é"}}</tool_call>')
+    content, calls = split_tool_calls(text)
+    assert content == "Two calls."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] \
+        == [("a", {"x": 1}), ("b", {"y": "é"})]
+    assert len({c["id"] for c in calls}) == 2
+    # The answer ended (EOS or max_tokens) before the closing tag: a whole call still counts.
+    assert split_tool_calls('<tool_call>{"name": "a", "arguments": {}}')[0] is None
+
+
+def test_an_answer_that_is_one_call_to_an_offered_tool_needs_no_tags() -> None:
+    fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
+    for text in (fenced, ' {"name": "get_weather", "arguments": {"city": "Paris"}}\n'):
+        content, calls = split_tool_calls(text, {"get_weather"})
+        assert content is None
+        assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}]
+    assert split_tool_calls(fenced) == (fenced, [])  # no tool offered by that name
+    chatty = 'Call it so: {"name": "get_weather", "arguments": {}}'
+    assert split_tool_calls(chatty, {"get_weather"}) == (chatty, [])  # not the whole answer
+
+
+@pytest.mark.parametrize("text", [
+    "no calls here",
+    "the format is <tool_call>{...}</tool_call>",  # the model explaining, not calling
+    '<tool_call>{"name": "a"}</tool_call> then <tool_call>not json</tool_call>',
+    '<tool_call>["a"]</tool_call>',
+])
+def test_text_that_is_not_calls_is_all_content(text: str) -> None:
+    assert split_tool_calls(text) == (text, [])
+
+
+def test_a_stream_sends_text_up_to_a_call_and_holds_a_tag_split_across_chunks() -> None:
+    stream = ToolCallStream()
+    pieces = ["Let me ", "check. <tool", "_call>", '{"name": "f", ', '"arguments": {}}',
+              "</tool_call>"]
+    sent = [stream.feed(p) for p in pieces]
+    assert "".join(sent) == "Let me check. "
+    assert sent[1] == "check. "  # "<tool" might begin a call: held
+    tail, calls = stream.finish()
+    assert tail == "" and [c["function"]["name"] for c in calls] == ["f"]
+
+
+def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -> None:
+    stream = ToolCallStream({"f"})
+    assert [stream.feed(p) for p in ["``", "`json\n", '{"na']] == ["", "", ""]
+    assert stream.feed('me": "f", "arguments": {}}\n```') == ""
+    assert [c["function"]["name"] for c in stream.finish()[1]] == ["f"]
+    code = ToolCallStream({"f"})
+    assert code.feed("``") == "" and code.feed("`python\nx = 1") == "```python\nx = 1"
+
+
+@pytest.mark.parametrize("pieces", [
+    ["a <tool", "s are fine"],  # a tag's beginning that was not one
+    ["```json\n", '{"name": "g", "arguments": {}}'],  # not an offered tool's call
+    ["{", '"name": "f", "arguments": {}} and more'],  # a call and then text: not a call
+    ["x <tool_call>", "not a call"],  # a tag with no call after it: sent at the finish
+    ["ends with <tool_c"],
+])
+def test_a_stream_drops_nothing_that_is_not_a_call(pieces: list[str]) -> None:
+    stream = ToolCallStream({"f"})
+    sent = "".join(stream.feed(p) for p in pieces)
+    tail, calls = stream.finish()
+    assert calls == [] and sent + tail == "".join(pieces)
