@@ -107,6 +107,19 @@ def test_a_call_written_without_tags_as_the_whole_answer_is_a_call(
     assert json.loads(call.function.arguments) == {"city": "Paris"}
 
 
+def test_an_answer_that_only_called_is_sent_back_as_the_sdk_dumps_it(
+        fenced_client: openai.OpenAI) -> None:
+    """content null, refusal and the rest null: served, with the call rendered back."""
+    answer = _ask(fenced_client, tools=[WEATHER]).choices[0].message
+    dumped = answer.model_dump()
+    assert dumped["content"] is None and dumped["refusal"] is None
+    again = fenced_client.chat.completions.create(
+        model=MODEL, messages=[*ASK, dumped, {"role": "tool", "content": "clear",  # type: ignore[list-item]
+                                              "tool_call_id": answer.tool_calls[0].id}],
+        tools=[WEATHER], max_tokens=40, temperature=0)  # type: ignore[list-item]
+    assert again.choices[0].finish_reason == "tool_calls"
+
+
 def test_a_fenced_answer_naming_no_offered_tool_is_text(fenced_client: openai.OpenAI) -> None:
     other = {"type": "function", "function": {"name": "get_time"}}
     choice = _ask(fenced_client, tools=[other]).choices[0]
@@ -168,14 +181,19 @@ def test_a_conversation_goes_on_after_a_call_and_its_result(client: openai.OpenA
     assert again.usage.prompt_tokens > bare.usage.prompt_tokens + 20
 
 
-def test_a_model_whose_template_takes_no_tools_refuses_them(target_gguf: Path) -> None:
+@pytest.mark.parametrize("ask", [
+    {"messages": ASK, "tools": [WEATHER]},
+    # A tool turn, with no tools offered: such a template would not render it either.
+    {"messages": [*ASK, {"role": "tool", "content": "clear", "tool_call_id": "call_1"}]},
+], ids=["tools", "tool-turn"])
+def test_a_model_whose_template_takes_no_tools_refuses_them(target_gguf: Path,
+                                                           ask: dict[str, Any]) -> None:
     with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)) as eng:
         srv = BackgroundServer(create_app(eng, ServerConfig(model_id="tiny"))).start()
         try:
             api = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
             with pytest.raises(openai.BadRequestError) as info:
-                api.chat.completions.create(model="tiny", messages=ASK,  # type: ignore[arg-type]
-                                            tools=[WEATHER])  # type: ignore[list-item]
+                api.chat.completions.create(model="tiny", **ask)
         finally:
             srv.stop()
     assert info.value.body["param"] == "tools"  # type: ignore[index]
@@ -201,6 +219,12 @@ CFG = ServerConfig(model_id=MODEL)
      "messages[0].tool_calls[0].function.arguments", "invalid_value"),
     ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]},
      "messages[0].tool_call_id", "unsupported_parameter"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]},
+     "messages[0].tool_call_id", "invalid_value"),
+    # Nesting past what Python's JSON parser takes: a 400, not a 500.
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"function": {"name": "f", "arguments": "[" * 100_000}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "invalid_value"),
 ])
 def test_bad_tools_and_tool_turns_are_400_naming_them(fields: dict, param: str,
                                                       code: str) -> None:
@@ -281,6 +305,29 @@ def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -
     assert [c["function"]["name"] for c in stream.finish()[1]] == ["f"]
     code = ToolCallStream({"f"})
     assert code.feed("``") == "" and code.feed("`python\nx = 1") == "```python\nx = 1"
+
+
+@pytest.mark.parametrize("text", [
+    'Let me check. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>',
+    '{"arguments": {"a": 1}, "name": "f"}',  # the keys in another order
+    '```json\n{"name": "f", "arguments": {}}\n```',
+    '{"name": "g", "arguments": {}}',  # not an offered tool
+    "```python\nprint(1)\n```",
+])
+def test_streamed_and_whole_answers_read_the_same_calls(text: str) -> None:
+    whole_content, whole_calls = split_tool_calls(text, {"f"})
+    stream = ToolCallStream({"f"})
+    sent = "".join(stream.feed(text[i:i + 3]) for i in range(0, len(text), 3))
+    tail, calls = stream.finish()
+    assert [c["function"] for c in calls] == [c["function"] for c in whole_calls]
+    assert (sent + tail).strip() == (whole_content or "")
+
+
+def test_a_stream_that_ends_in_an_error_releases_what_it_held() -> None:
+    stream = ToolCallStream({"f"})
+    assert stream.feed('ok <tool_call>{"name": "f", ') == "ok "
+    assert stream.release() == '<tool_call>{"name": "f", '
+    assert stream.finish() == ("", [])
 
 
 @pytest.mark.parametrize("pieces", [

@@ -343,7 +343,7 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     engine = state.worker.engine
     if engine is None or state.worker.state != "ready":
         raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
-    if parsed.tools:
+    if parsed.tools or parsed.tool_turns:
         try:
             check_template(engine.target.chat_template, model)
         except ToolError as exc:
@@ -457,6 +457,9 @@ async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: st
                 return  # nobody to tell; counted as cancelled when the event arrived
             err = _shutdown_cancelled() if isinstance(event, Finished) \
                 else _failure(event.error)
+            held = calling.release() if calling is not None else ""
+            if held:  # what the model wrote is sent, call or not, before the error
+                yield sse(chunk(kind, rid, model, held))
             state.metrics.error(err.status)
             yield sse(err.body())
             break

@@ -111,6 +111,12 @@ class ParsedRequest:
     def tool_names(self) -> frozenset[str]:
         return frozenset(t["function"]["name"] for t in self.tools)
 
+    @property
+    def tool_turns(self) -> bool:
+        """Whether the messages hold earlier calls or tool results: only a template that
+        takes tools renders them."""
+        return any(m["role"] == "tool" or "tool_calls" in m for m in self.messages or ())
+
 
 # -- request validation ------------------------------------------------------------------------
 def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
@@ -257,7 +263,10 @@ def _messages(value: Any) -> tuple[dict[str, Any], ...]:
         for key, field_value in msg.items():
             if key in ("role", "content", "name") or (key == "tool_calls" and calls):
                 continue
-            if key == "tool_call_id" and role == "tool" and isinstance(field_value, str):
+            if key == "tool_call_id" and role == "tool":
+                if not isinstance(field_value, str):
+                    raise bad_param(f"{where}.tool_call_id",
+                                    f"'{where}.tool_call_id' must be a string")
                 continue
             if key in _MESSAGE_EMPTY_FIELDS and field_value in (None, [], ""):
                 continue

@@ -99,7 +99,8 @@ def assistant_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # a decode error, or nesting or digits past
+                # what Python parses
                 raise ToolError(f"{at}.function.arguments",
                                 f"'{at}.function.arguments' is not JSON") from None
         out: dict[str, Any] = {"type": "function",
@@ -127,7 +128,9 @@ def check_template(template: str | None, model: str) -> None:
 # Qwen2.5-Coder answers so under its own tools template (1.5B Q4_K_M here: ```json {"name":
 # "get_weather", "arguments": {...}} ```). Read only for a tool that was offered.
 _BARE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?", re.DOTALL)
-_BARE_STARTS = ('```json{"name":', '```{"name":', '{"name":')  # whitespace removed
+# How such an answer may begin, whitespace removed: an object, whatever its first key (the
+# finish decides, as for a whole answer).
+_BARE_STARTS = ("```json{", "```{", "{")
 
 
 def split_tool_calls(text: str, names: Collection[str] = ()
@@ -153,7 +156,7 @@ def split_tool_calls(text: str, names: Collection[str] = ()
 def _call(body: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested or long past what Python parses
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -209,6 +212,11 @@ class ToolCallStream:
                      if OPEN.startswith(text[-n:])), 0)
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
+
+    def release(self) -> str:
+        """The text held so far, as content: the answer ended without a finish (an error)."""
+        held, self._held, self._calling = self._held, "", False
+        return held
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """The content still to send, and the calls."""
