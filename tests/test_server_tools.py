@@ -313,7 +313,7 @@ def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -
     '```json\n{"name": "f", "arguments": {}}\n```',
     '{"name": "g", "arguments": {}}',  # not an offered tool
     "```python\nprint(1)\n```",
-])
+], ids=["tags", "keys-reordered", "fenced", "not-offered", "code"])
 def test_streamed_and_whole_answers_read_the_same_calls(text: str) -> None:
     whole_content, whole_calls = split_tool_calls(text, {"f"})
     stream = ToolCallStream({"f"})
