@@ -50,7 +50,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +232,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         return list(prompt), engine.generate(req), req
 
     steps: list[list[Step]] = []
-    with engine, (logged_steps(steps) if args.steps else _nothing()):
+    with engine, (logged_steps(steps) if args.steps else nullcontext()):
         # The first-use calibration, as agent_trace.py does; its answer is in the index too.
         warm_prompt, warm, _ = run(agent_trace._WARMUP)
         answers: dict[str, str] = {}
@@ -267,11 +267,6 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 1),
             "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests,
             "warmup": {"prompt": warm_prompt, "output": list(warm.tokens)}}
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _decode_seconds(engine: Any) -> tuple[float, float]:

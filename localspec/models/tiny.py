@@ -137,7 +137,7 @@ def _scripted(w: dict[str, np.ndarray], spec: TinyModelSpec, rng: np.random.Gene
     w["token_embd.weight"] = (embd * np.sqrt(spec.n_embd)).astype(np.float32)
     out = np.zeros_like(w["output.weight"])
     scale = 20.0 / np.sqrt(spec.n_embd)  # the norm's output has length sqrt(n_embd)
-    for prev, nxt in zip([unit[0], *unit[1:]], [*ids, 2], strict=True):  # 2: EOS
+    for prev, nxt in zip(unit, [*ids, 2], strict=True):  # 2: EOS
         out[nxt] = prev * scale
     w["output.weight"] = out.astype(np.float32)
 
