@@ -355,6 +355,10 @@ def summarize(runs: dict[str, list[Result]]) -> dict[str, Any]:
                              "prompt_tokens": r.stats.get("prompt_tokens"),
                              "prompt_cached_tokens": r.stats.get("prompt_cached_tokens"),
                              "prefill_seconds": round(_prefill(r), 3),
+                             # the engine's own clock, and its time inside llama_decode: what
+                             # the client waited beyond the first is serve's and the HTTP's
+                             "engine_seconds": r.stats.get("total_seconds"),
+                             "decode_seconds": r.stats.get("decode_seconds"),
                              "drafters": r.stats.get("drafters"),
                              "tokens_per_target_pass": r.stats.get("tokens_per_target_pass"),
                              "tie_stops": r.stats.get("tie_stops"),

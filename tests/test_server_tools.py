@@ -1,7 +1,8 @@
 """Tool calls through the OpenAI-compatible server: the tools shown to the model by its chat
 template, and its calls read back out of its text, whole or streamed, with the ``openai``
 client. The model is a real tiny llama.cpp model whose answer is scripted in its weights (a
-sentence, then a call in the ``<tool_call>`` format Qwen and Hermes templates ask for)."""
+sentence, then a call in the ``<tool_call>`` format Qwen and Hermes templates ask for; or a
+call in the format of Llama 3.x's or Mistral's templates, under a template of that shape)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from localspec.server import ServerConfig
 from localspec.server.app import create_app
 from localspec.server.openai_schema import ApiError, parse_request
 from localspec.server.running import BackgroundServer
-from localspec.server.tool_calls import ToolCallStream, split_tool_calls
+from localspec.server.tool_calls import ToolCallStream, ToolError, split_tool_calls, tool_format
 
 SCRIPT = ("Let", "me", "check.", "<tool_call>", '{"name":', '"get_weather",', '"arguments":',
           '{"city":', '"Paris"}}', "</tool_call>")
@@ -42,10 +43,36 @@ MODEL = "scripted"
 FENCED = ("```json", '{"name":', '"get_weather",', '"arguments":', '{"city":', '"Paris"}}', "```")
 
 
-def _scripted(folder: Path, script: tuple[str, ...]) -> Path:
+# Templates in the shape of Llama 3.1's (the tools in the user's turn, a call answered and
+# rendered back as {"name": ..., "parameters": ...}, its result in an "ipython" turn) and of
+# Mistral's (a [TOOL_CALLS] array, ids of 9 letters or digits or the template refuses them).
+LLAMA_TEMPLATE = (
+    "{% for m in messages %}<|start_header_id|>{{ 'ipython' if m.role == 'tool' else m.role }}"
+    "<|end_header_id|>\n\n{% if tools and m.role == 'user' %}Answer a call as {\"name\": "
+    "function name, \"parameters\": its arguments}. {% for t in tools %}{{ t | tojson }}"
+    "{% endfor %}\n{% endif %}{% for c in m.tool_calls or [] %}{\"name\": \""
+    "{{ c.function.name }}\", \"parameters\": {{ c.function.arguments | tojson }}}{% endfor %}"
+    "{{ m.content or '' }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+MISTRAL_TEMPLATE = (
+    "{% if tools %}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }}[/INST]"
+    "{% elif m.tool_calls %}[TOOL_CALLS] [{% for c in m.tool_calls %}"
+    "{% if c.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric "
+    "strings with length 9!') }}{% endif %}{{ c.function | tojson }}{% endfor %}]</s>"
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS] {{ m.content }} {{ m.tool_call_id }}"
+    "[/TOOL_RESULTS]{% else %}{{ m.content }}</s>{% endif %}{% endfor %}"
+)
+# Their calls as the models write them ([TOOL_CALLS] is a control token, left out of the text).
+LLAMA_CALL = ('{"name":', '"get_weather",', '"parameters":', '{"city":', '"Paris"}}')
+MISTRAL_CALL = ('[{"name":', '"get_weather",', '"arguments":', '{"city":', '"Paris"}}]')
+
+
+def _scripted(folder: Path, script: tuple[str, ...], template: str = TOOLS_TEMPLATE) -> Path:
     words = tuple(_WORDS) + tuple(w for w in script if w not in _WORDS)
     spec = TinyModelSpec(seed=3, words=words, script=script,
-                         metadata=(("tokenizer.chat_template", TOOLS_TEMPLATE),))
+                         metadata=(("tokenizer.chat_template", template),))
     return write_tiny_model(folder / "scripted.gguf", spec)
 
 
@@ -200,6 +227,37 @@ def test_a_model_whose_template_takes_no_tools_refuses_them(target_gguf: Path,
     assert "does not take tools" in info.value.body["message"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize(("template", "script"), [(LLAMA_TEMPLATE, LLAMA_CALL),
+                                                  (MISTRAL_TEMPLATE, MISTRAL_CALL)],
+                         ids=["llama3", "mistral"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_in_the_format_the_template_asks_for_are_returned_and_rendered_back(
+        tmp_path: Path, template: str, script: tuple[str, ...], stream: bool) -> None:
+    with _serving(_scripted(tmp_path, script, template)) as api:
+        if stream:
+            parts = list(_ask(api, tools=[WEATHER], stream=True))
+            content = "".join(c.delta.content or "" for p in parts for c in p.choices)
+            calls = [t for p in parts for c in p.choices for t in c.delta.tool_calls or []]
+            assert content == ""
+        else:
+            answer = _ask(api, tools=[WEATHER]).choices[0]
+            assert answer.finish_reason == "tool_calls" and answer.message.content is None
+            calls = answer.message.tool_calls or []
+        (call,) = calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        # The call and its result go back in; Mistral's template takes only 9-letter ids.
+        again = api.chat.completions.create(
+            model=MODEL, tools=[WEATHER], max_tokens=40, temperature=0,  # type: ignore[list-item]
+            messages=[*ASK, {"role": "assistant", "content": None,  # type: ignore[list-item]
+                             "tool_calls": [{"id": call.id, "type": "function",
+                                             "function": {"name": "get_weather",
+                                                          "arguments": call.function.arguments}}]},
+                      {"role": "tool", "tool_call_id": call.id, "content": "clear"}])
+        assert again.choices[0].finish_reason == "tool_calls"
+        assert again.usage is not None and again.usage.prompt_tokens > 0
+
+
 # -- the request -------------------------------------------------------------------------------
 CFG = ServerConfig(model_id=MODEL)
 
@@ -253,6 +311,15 @@ def test_tool_turns_reach_the_template_as_it_takes_them() -> None:
                          "chat", CFG).tools == ()
 
 
+def test_the_template_names_the_call_format() -> None:
+    assert tool_format(TOOLS_TEMPLATE, MODEL) == "tagged"
+    assert tool_format(LLAMA_TEMPLATE, MODEL) == "json"
+    assert tool_format(MISTRAL_TEMPLATE, MODEL) == "mistral"
+    # A template that shows tools but asks for some other format: refused, naming the three.
+    with pytest.raises(ToolError, match=r"format localspec does not read .*Qwen.*Llama.*Mistral"):
+        tool_format("{{ tools }} answer as <function=name>{...}</function>", MODEL)
+
+
 # -- reading calls out of text -----------------------------------------------------------------
 def test_calls_are_read_out_of_the_text_around_them() -> None:
     text = ('Two calls.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
@@ -275,6 +342,42 @@ def test_an_answer_that_is_one_call_to_an_offered_tool_needs_no_tags() -> None:
     assert split_tool_calls(fenced) == (fenced, [])  # no tool offered by that name
     chatty = 'Call it so: {"name": "get_weather", "arguments": {}}'
     assert split_tool_calls(chatty, {"get_weather"}) == (chatty, [])  # not the whole answer
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}',  # Llama 3.x
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',  # the tag as text
+    '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',  # Mistral
+    '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    'get_weather{"city": "Paris"}',  # Mistral's newer templates: name[ARGS]{...}, tags left out
+    '```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}]\n```',
+], ids=["json", "python-tag", "array", "mistral-tag", "name-args", "fenced-array"])
+def test_the_untagged_forms_of_a_call_are_read_as_the_whole_answer(text: str) -> None:
+    content, calls = split_tool_calls(text, {"get_weather"})
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] \
+        == [("get_weather", {"city": "Paris"})]
+    assert split_tool_calls(text) == (text, [])  # no tool offered by that name
+
+
+def test_several_untagged_calls_are_read_and_any_other_value_makes_it_text() -> None:
+    names = {"a", "b"}
+    for text in ('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}',
+                 '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]',
+                 'a{} b{"x": 1}'):
+        assert [c["function"]["name"] for c in split_tool_calls(text, names)[1]] == ["a", "b"]
+    for text in ('[{"name": "a", "arguments": {}}, 3]', '{"name": "a", "parameters": {}} ok',
+                 '[{"name": "a", "arguments": {}}, {"name": "c", "arguments": {}}]',
+                 "a{} and b", "[]", '{"name": "a"', "a{"):
+        assert split_tool_calls(text, names) == (text, [])
+
+
+def test_mistral_calls_have_the_ids_its_templates_take() -> None:
+    text = '[{"name": "f", "arguments": {}}]'
+    (call,) = split_tool_calls(text, {"f"}, "mistral")[1]
+    assert len(call["id"]) == 9 and call["id"].isalnum()
+    (other,) = split_tool_calls(text, {"f"})[1]
+    assert other["id"].startswith("call_")
 
 
 @pytest.mark.parametrize("text", [
@@ -313,7 +416,12 @@ def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -
     '```json\n{"name": "f", "arguments": {}}\n```',
     '{"name": "g", "arguments": {}}',  # not an offered tool
     "```python\nprint(1)\n```",
-], ids=["tags", "keys-reordered", "fenced", "not-offered", "code"])
+    '[{"name": "f", "arguments": {"a": 1}}]',
+    'f{"a": 1}',
+    "[a link](https://example.com) and f{} as text",
+    "far from it",
+], ids=["tags", "keys-reordered", "fenced", "not-offered", "code", "array", "name-args", "link",
+        "a-name's-start"])
 def test_streamed_and_whole_answers_read_the_same_calls(text: str) -> None:
     whole_content, whole_calls = split_tool_calls(text, {"f"})
     stream = ToolCallStream({"f"})

@@ -54,7 +54,7 @@ from .openai_schema import (
     usage_chunk,
 )
 from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
-from .tool_calls import ToolCallStream, ToolError, check_template
+from .tool_calls import ToolCallStream, ToolError, ToolFormat, tool_format
 
 if TYPE_CHECKING:
     from ..engine.decoder import GenerationRequest, SpeculativeEngine
@@ -343,9 +343,10 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     engine = state.worker.engine
     if engine is None or state.worker.state != "ready":
         raise _unavailable(state, EngineUnavailableError("the model is not loaded"))
+    fmt: ToolFormat = "tagged"  # the calls' format, where tools were offered
     if parsed.tools or parsed.tool_turns:
         try:
-            check_template(engine.target.chat_template, model)
+            fmt = tool_format(engine.target.chat_template, model)
         except ToolError as exc:
             raise tool_error(exc) from None
     options = request_options(parsed, state.config)
@@ -369,7 +370,8 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     watch = _DisconnectWatch(request, job)
     rid = new_id(kind)
     if parsed.stream:
-        return StreamingResponse(_stream(state, parsed, rid, model, job, events, watch),
+        return StreamingResponse(_stream(state, parsed, fmt, rid, model, job, events,
+                                         watch),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
@@ -378,7 +380,7 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     finally:
         watch.stop()
         job.cancel.set()  # no-op when finished; stops the engine if this handler is cancelled
-    return JSONResponse(full_response(kind, rid, model, done, parsed.tool_names))
+    return JSONResponse(full_response(kind, rid, model, done, parsed.tool_names, fmt))
 
 
 def _check_model(name: str | None, state: ServerState) -> str:
@@ -426,13 +428,14 @@ async def _collect(events: _Events, watch: _DisconnectWatch) -> Finished:
             raise _failure(event.error)
 
 
-async def _stream(state: ServerState, parsed: ParsedRequest, rid: str, model: str, job: Job,
-                  events: _Events, watch: _DisconnectWatch) -> AsyncIterator[bytes]:
+async def _stream(state: ServerState, parsed: ParsedRequest, fmt: ToolFormat, rid: str,
+                  model: str, job: Job, events: _Events,
+                  watch: _DisconnectWatch) -> AsyncIterator[bytes]:
     # The status line (200) is sent with the first event: an error from here on can only be
     # an error event, and is counted like an error status.
     kind = parsed.kind
     # Where the model was shown tools, a call is held back from the content and sent whole.
-    calling = ToolCallStream(parsed.tool_names) if parsed.tools else None
+    calling = ToolCallStream(parsed.tool_names, fmt) if parsed.tools else None
     try:
         if kind == "chat":
             yield sse(chunk(kind, rid, model, "", first=True))

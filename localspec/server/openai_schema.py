@@ -21,6 +21,7 @@ from ..requests import ChatOptions
 from .config import ServerConfig
 from .tool_calls import (
     ToolError,
+    ToolFormat,
     assistant_tool_calls,
     call_deltas,
     parse_tools,
@@ -484,11 +485,11 @@ def finish_reason(done: Finished, called: bool = False) -> str:
 
 
 def full_response(kind: Kind, rid: str, model: str, done: Finished,
-                  tool_names: Collection[str] = ()) -> dict[str, Any]:
+                  tool_names: Collection[str] = (), fmt: ToolFormat = "tagged") -> dict[str, Any]:
     """A non-streamed chat.completion or text_completion; ``tool_names``: the tools the model
-    was shown, so its text is read for calls."""
+    was shown, so its text is read for calls (``fmt``: its template's call format)."""
     if kind == "chat":
-        content, calls = split_tool_calls(done.text, tool_names) if tool_names \
+        content, calls = split_tool_calls(done.text, tool_names, fmt) if tool_names \
             else (done.text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:

@@ -2,10 +2,13 @@
 messages, and the calls read back out of the model's text.
 
 The model is told about the tools by its own chat template (the ``tools`` variable, as Hugging
-Face templates take it) and answers a call as text. localspec reads the format of Qwen2.5/Qwen3,
-Hermes and the many templates that copied it: a JSON object ``{"name": ..., "arguments": ...}``
-between ``<tool_call>`` and ``</tool_call>``; or, as Qwen2.5-Coder writes it, such an object as
-the whole answer (bare or in a ```json fence) naming a tool that was offered. A template that does
+Face templates take it) and answers a call as text, in the format that template asks for.
+localspec reads three (``FORMATS``): Qwen2.5/Qwen3, Hermes and the many templates that copied
+them, a JSON object ``{"name": ..., "arguments": ...}`` between ``<tool_call>`` and
+``</tool_call>``; Llama 3.1-3.3, such an object (with ``"parameters"``) as the whole answer;
+and Mistral's, a ``[TOOL_CALLS]`` token and a JSON array of them. Any of these forms is read
+whatever the template (Qwen2.5-Coder writes the untagged one under its own). A call without
+tags counts only as the whole answer and only for a tool that was offered. A template that does
 not take tools, or asks for calls in another format, is a 400 naming it, so a client never
 believes a tool was offered to a model that was not shown it. Text that does not parse as calls
 is answered as text: nothing the model wrote is dropped.
@@ -20,7 +23,7 @@ import re
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
@@ -111,68 +114,149 @@ def assistant_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def check_template(template: str | None, model: str) -> None:
-    """Refuse tools for a model whose chat template would not show them, or would ask for
-    calls in a format localspec does not read."""
+# The call formats localspec reads, by the chat template that asks for them. Parsing is the same
+# for all (any of the forms below, to a tool that was offered); a format decides which templates
+# are served and the calls' ids.
+ToolFormat = Literal["tagged", "json", "mistral"]
+FORMATS: dict[ToolFormat, str] = {
+    "tagged": f"{OPEN}{{...}}{CLOSE} as Qwen and Hermes templates ask",
+    "json": '{"name": ..., "parameters": ...} as the whole answer, as Llama 3.1-3.3 templates ask',
+    "mistral": '[TOOL_CALLS] [{"name": ..., "arguments": ...}] as Mistral templates ask',
+}
+_MISTRAL_TAG = "[TOOL_CALLS]"
+# Special tokens that open a call in the json and Mistral formats. They are control tokens, which
+# the answer's text leaves out; where a model file makes them plain text they are stripped.
+_CALL_PREFIXES = ("<|python_tag|>", _MISTRAL_TAG)
+
+
+def tool_format(template: str | None, model: str) -> ToolFormat:
+    """The call format ``model``'s chat template asks for; refused where the template would not
+    show the tools, or asks for calls in a format localspec does not read."""
     if not template or "tools" not in template:
         raise ToolError("tools", f"the chat template of {model} does not take tools, so the "
                                  "model could not be told of them", unsupported=True)
-    if OPEN not in template:
-        raise ToolError("tools", f"the chat template of {model} asks for tool calls in a format "
-                                 f"localspec does not read (it reads {OPEN}{{...}}{CLOSE}, as "
-                                 "Qwen and Hermes templates ask)", unsupported=True)
+    if OPEN in template:
+        return "tagged"
+    if _MISTRAL_TAG in template:
+        return "mistral"
+    # Llama 3.1-3.3: the tools in a user turn, a call answered as {"name": ..., "parameters":
+    # ...} and rendered back so, its result in an "ipython" turn.
+    if "<|start_header_id|>" in template and "parameters" in template:
+        return "json"
+    raise ToolError("tools", f"the chat template of {model} asks for tool calls in a format "
+                             f"localspec does not read (it reads {'; '.join(FORMATS.values())})",
+                    unsupported=True)
+
+
+def _call_id(fmt: ToolFormat) -> str:
+    # Mistral's templates refuse a call rendered back whose id is not 9 letters or digits.
+    return uuid.uuid4().hex[:9] if fmt == "mistral" else "call_" + uuid.uuid4().hex[:24]
 
 
 # -- the answer ----------------------------------------------------------------------------------
-# A call written without the tags, as the whole answer: a JSON object, bare or in a ```json fence.
-# Qwen2.5-Coder answers so under its own tools template (1.5B Q4_K_M here: ```json {"name":
-# "get_weather", "arguments": {...}} ```). Read only for a tool that was offered.
-_BARE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?", re.DOTALL)
-# How such an answer may begin, whitespace removed: an object, whatever its first key (the
-# finish decides, as for a whole answer).
-_BARE_STARTS = ("```json{", "```{", "{")
+# A call written without tags is read only as the whole answer, bare or in a ```json fence, and
+# only for a tool that was offered: a JSON object (Qwen2.5-Coder answers so under its own tools
+# template, 1.5B Q4_K_M here: ```json {"name": "get_weather", "arguments": {...}} ```; Llama 3.x
+# under its own, with "parameters"), several separated by ";", a JSON array of them (Mistral),
+# or name{arguments} (Mistral's newer templates: [TOOL_CALLS]name[ARGS]{...}, the two control
+# tokens left out of the text).
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
+_DECODER = json.JSONDecoder()
+# How such an answer may begin, whitespace removed (the finish decides, as for a whole answer).
+_BARE_STARTS = tuple(fence + prefix + opening for fence in ("```json", "```", "")
+                     for prefix in ("", *_CALL_PREFIXES) for opening in ("{", "[{"))
 
 
-def split_tool_calls(text: str, names: Collection[str] = ()
+def split_tool_calls(text: str, names: Collection[str] = (), fmt: ToolFormat = "tagged"
                      ) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's content (None where only calls were written) and its calls in OpenAI's
-    shape: ``<tool_call>`` blocks, or an answer that is one call to a tool of ``names`` and
-    nothing else. Where any block is not a call's JSON, the whole text is content."""
+    shape: ``<tool_call>`` blocks, or an answer that is nothing but calls to tools of ``names``
+    (see above). Where any block is not a call's JSON, the whole text is content."""
     calls = []
     for match in _CALL.finditer(text):
-        call = _call(match.group(1))
+        call = _call(match.group(1), fmt)
         if call is None:
             return text, []
         calls.append(call)
     if calls:
         return _CALL.sub("", text).strip() or None, calls
-    bare = _BARE.fullmatch(text.strip())
-    call = _call(bare.group(1)) if bare else None
-    if call is not None and call["function"]["name"] in names:
-        return None, [call]
-    return text, []
+    calls = _untagged_calls(text, names, fmt)
+    return (None, calls) if calls else (text, [])
 
 
-def _call(body: str) -> dict[str, Any] | None:
+def _untagged_calls(text: str, names: Collection[str], fmt: ToolFormat) -> list[dict[str, Any]]:
+    body = text.strip()
+    fenced = _FENCED.fullmatch(body)
+    body = fenced.group(1) if fenced else body
+    for prefix in _CALL_PREFIXES:
+        body = body.removeprefix(prefix).lstrip()
+    values = _json_values(body) if body.startswith(("{", "[")) else _named_calls(body, names)
+    objects = [o for v in values or () for o in (v if isinstance(v, list) else [v])]
+    calls = [_call_of(o, fmt) for o in objects]
+    if not calls or any(c is None or c["function"]["name"] not in names for c in calls):
+        return []
+    return [c for c in calls if c is not None]
+
+
+def _json_values(body: str) -> list[Any] | None:
+    """The JSON values ``body`` holds one after another (whitespace or ";" between them), or
+    None where anything else is there."""
+    values: list[Any] = []
+    i = 0
+    while True:
+        while i < len(body) and (body[i].isspace() or body[i] == ";"):
+            i += 1
+        if i == len(body):
+            return values
+        try:
+            value, i = _DECODER.raw_decode(body, i)
+        except (ValueError, RecursionError):  # not JSON, or nested past what Python parses
+            return None
+        values.append(value)
+
+
+def _named_calls(body: str, names: Collection[str]) -> list[Any] | None:
+    """``name{arguments}`` one after another, each name an offered tool's; None otherwise."""
+    calls: list[Any] = []
+    while body:
+        name = max((n for n in names if body.startswith(n)), key=len, default=None)
+        rest = body[len(name):].lstrip() if name else ""
+        if not rest.startswith("{"):
+            return None
+        try:
+            arguments, end = _DECODER.raw_decode(rest)
+        except (ValueError, RecursionError):
+            return None
+        calls.append({"name": name, "arguments": arguments})
+        body = rest[end:].lstrip()
+    return calls
+
+
+def _call(body: str, fmt: ToolFormat) -> dict[str, Any] | None:
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, or nested or long past what Python parses
         return None
+    return _call_of(obj, fmt)
+
+
+def _call_of(obj: Any, fmt: ToolFormat) -> dict[str, Any] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+    return {"id": _call_id(fmt), "type": "function",
             "function": {"name": obj["name"], "arguments": arguments}}
 
 
-def _bare_start(text: str) -> bool | None:
+def _bare_start(text: str, names: Collection[str]) -> bool | None:
     """Whether an answer beginning so is a call without tags: True, False, or None while
     too little of it has come to tell."""
     compact = re.sub(r"\s+", "", text)
-    if compact.startswith(_BARE_STARTS):
+    starts = (*_BARE_STARTS, *(name + "{" for name in names))
+    if compact.startswith(starts):
         return True
-    return None if any(form.startswith(compact) for form in _BARE_STARTS) else False
+    return None if any(form.startswith(compact) for form in starts) else False
 
 
 @dataclass(slots=True)
@@ -180,9 +264,10 @@ class ToolCallStream:
     """A streamed answer's text, passed on as content until a call may have begun: from a
     ``<tool_call>`` on (or the start of one at a chunk's end), or from an answer's start that
     may be a call without tags, it is held, to be read as calls at the finish, or, if it is
-    not one, sent then as content. ``names``: the tools offered."""
+    not one, sent then as content. ``names``: the tools offered; ``fmt``: the template's."""
 
     names: Collection[str] = ()
+    fmt: ToolFormat = "tagged"
     _held: str = ""
     _calling: bool = False
     _opening: bool = True  # the answer's start is still to be told a bare call or not
@@ -194,7 +279,7 @@ class ToolCallStream:
             return ""
         text = self._held + text
         if self._opening:
-            bare = _bare_start(text)
+            bare = _bare_start(text, self.names)
             if bare is None:
                 self._held = text
                 return ""
@@ -223,7 +308,7 @@ class ToolCallStream:
         held, self._held = self._held, ""
         if not self._calling:
             return held, []
-        content, calls = split_tool_calls(held, self.names)
+        content, calls = split_tool_calls(held, self.names, self.fmt)
         if not calls:
             return held, []
         # Text after the calls is content too, sent after the text before them.
