@@ -318,6 +318,10 @@ def test_the_template_names_the_call_format() -> None:
     # A template that shows tools but asks for some other format: refused, naming the three.
     with pytest.raises(ToolError, match=r"format localspec does not read .*Qwen.*Llama.*Mistral"):
         tool_format("{{ tools }} answer as <function=name>{...}</function>", MODEL)
+    # Llama 3's headers, Functionary's format: its schema has parameters, but not as a call's key.
+    with pytest.raises(ToolError, match="does not read"):
+        tool_format("<|start_header_id|>{{ tools }} {% set parameters = f.parameters %}"
+                    "<function=", MODEL)
 
 
 # -- reading calls out of text -----------------------------------------------------------------
@@ -350,8 +354,13 @@ def test_an_answer_that_is_one_call_to_an_offered_tool_needs_no_tags() -> None:
     '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',  # Mistral
     '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
     'get_weather{"city": "Paris"}',  # Mistral's newer templates: name[ARGS]{...}, tags left out
+    '[TOOL_CALLS]get_weather{"city": "Paris"}',
     '```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}]\n```',
-], ids=["json", "python-tag", "array", "mistral-tag", "name-args", "fenced-array"])
+    '```json\nget_weather{"city": "Paris"}\n```',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}',  # the fence never closed
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+], ids=["json", "python-tag", "array", "mistral-tag", "name-args", "mistral-tag-name-args",
+        "fenced-array", "fenced-name-args", "fence-opened", "fence-closed"])
 def test_the_untagged_forms_of_a_call_are_read_as_the_whole_answer(text: str) -> None:
     content, calls = split_tool_calls(text, {"get_weather"})
     assert content is None
@@ -368,7 +377,12 @@ def test_several_untagged_calls_are_read_and_any_other_value_makes_it_text() -> 
         assert [c["function"]["name"] for c in split_tool_calls(text, names)[1]] == ["a", "b"]
     for text in ('[{"name": "a", "arguments": {}}, 3]', '{"name": "a", "parameters": {}} ok',
                  '[{"name": "a", "arguments": {}}, {"name": "c", "arguments": {}}]',
-                 "a{} and b", "[]", '{"name": "a"', "a{"):
+                 "a{} and b", "[]", '{"name": "a"', "a{",
+                 # an object naming a tool but with no arguments may be data, not a call
+                 '[{"name": "a", "type": "tool"}, {"name": "b"}]',
+                 '{"name": "a", "arguments": {"x": NaN}}',  # not JSON a client parses
+                 # nested as deep as Python reads but one level past what it writes back
+                 '{"name": "a", "arguments": ' + "[" * 990 + "]" * 990 + "}"):
         assert split_tool_calls(text, names) == (text, [])
 
 
@@ -420,12 +434,17 @@ def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -
     'f{"a": 1}',
     "[a link](https://example.com) and f{} as text",
     "far from it",
+    '```json\nf{"a": 1}\n```',
+    '<|python_tag|>[TOOL_CALLS]{"name": "f", "arguments": {}}',
+    'my tool {"a": 1}',  # an offered name with a space in it
 ], ids=["tags", "keys-reordered", "fenced", "not-offered", "code", "array", "name-args", "link",
-        "a-name's-start"])
-def test_streamed_and_whole_answers_read_the_same_calls(text: str) -> None:
-    whole_content, whole_calls = split_tool_calls(text, {"f"})
-    stream = ToolCallStream({"f"})
-    sent = "".join(stream.feed(text[i:i + 3]) for i in range(0, len(text), 3))
+        "a-name's-start", "fenced-name-args", "both-prefixes", "spaced-name"])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_streamed_and_whole_answers_read_the_same_calls(text: str, size: int) -> None:
+    names = {"f", "my tool"}
+    whole_content, whole_calls = split_tool_calls(text, names)
+    stream = ToolCallStream(names)
+    sent = "".join(stream.feed(text[i:i + size]) for i in range(0, len(text), size))
     tail, calls = stream.finish()
     assert [c["function"] for c in calls] == [c["function"] for c in whole_calls]
     assert (sent + tail).strip() == (whole_content or "")

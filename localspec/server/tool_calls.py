@@ -141,7 +141,8 @@ def tool_format(template: str | None, model: str) -> ToolFormat:
         return "mistral"
     # Llama 3.1-3.3: the tools in a user turn, a call answered as {"name": ..., "parameters":
     # ...} and rendered back so, its result in an "ipython" turn.
-    if "<|start_header_id|>" in template and "parameters" in template:
+    # (Functionary's, on the same headers, asks for <function=...> and names no such key.)
+    if "<|start_header_id|>" in template and '"parameters": ' in template:
         return "json"
     raise ToolError("tools", f"the chat template of {model} asks for tool calls in a format "
                              f"localspec does not read (it reads {'; '.join(FORMATS.values())})",
@@ -160,11 +161,9 @@ def _call_id(fmt: ToolFormat) -> str:
 # under its own, with "parameters"), several separated by ";", a JSON array of them (Mistral),
 # or name{arguments} (Mistral's newer templates: [TOOL_CALLS]name[ARGS]{...}, the two control
 # tokens left out of the text).
-_FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
+# A fence's either side may be missing (an answer cut short, or a model that opens none).
+_FENCE_OPEN, _FENCE_CLOSE = re.compile(r"\A```(?:json)?\s*"), re.compile(r"\s*```\Z")
 _DECODER = json.JSONDecoder()
-# How such an answer may begin, whitespace removed (the finish decides, as for a whole answer).
-_BARE_STARTS = tuple(fence + prefix + opening for fence in ("```json", "```", "")
-                     for prefix in ("", *_CALL_PREFIXES) for opening in ("{", "[{"))
 
 
 def split_tool_calls(text: str, names: Collection[str] = (), fmt: ToolFormat = "tagged"
@@ -185,14 +184,15 @@ def split_tool_calls(text: str, names: Collection[str] = (), fmt: ToolFormat = "
 
 
 def _untagged_calls(text: str, names: Collection[str], fmt: ToolFormat) -> list[dict[str, Any]]:
-    body = text.strip()
-    fenced = _FENCED.fullmatch(body)
-    body = fenced.group(1) if fenced else body
+    body = _FENCE_CLOSE.sub("", _FENCE_OPEN.sub("", text.strip()))
     for prefix in _CALL_PREFIXES:
         body = body.removeprefix(prefix).lstrip()
     values = _json_values(body) if body.startswith(("{", "[")) else _named_calls(body, names)
     objects = [o for v in values or () for o in (v if isinstance(v, list) else [v])]
-    calls = [_call_of(o, fmt) for o in objects]
+    # Untagged, an object is a call only with its arguments: {"name": "search", ...} alone
+    # may be data the answer is about.
+    calls = [_call_of(o, fmt) if isinstance(o, dict) and _ARGUMENTS & o.keys() else None
+             for o in objects]
     if not calls or any(c is None or c["function"]["name"] not in names for c in calls):
         return []
     return [c for c in calls if c is not None]
@@ -240,11 +240,18 @@ def _call(body: str, fmt: ToolFormat) -> dict[str, Any] | None:
     return _call_of(obj, fmt)
 
 
+_ARGUMENTS = frozenset({"arguments", "parameters"})
+
+
 def _call_of(obj: Any, fmt: ToolFormat) -> dict[str, Any] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    args = obj.get("arguments", obj.get("parameters"))
+    try:  # JSON as a client parses it: no NaN, and nesting that Python writes back
+        arguments = args if isinstance(args, str) else \
+            json.dumps({} if args is None else args, ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):
+        return None
     return {"id": _call_id(fmt), "type": "function",
             "function": {"name": obj["name"], "arguments": arguments}}
 
@@ -252,11 +259,18 @@ def _call_of(obj: Any, fmt: ToolFormat) -> dict[str, Any] | None:
 def _bare_start(text: str, names: Collection[str]) -> bool | None:
     """Whether an answer beginning so is a call without tags: True, False, or None while
     too little of it has come to tell."""
-    compact = re.sub(r"\s+", "", text)
-    starts = (*_BARE_STARTS, *(name + "{" for name in names))
+    compact = _compact(text)
+    openings = ("{", "[{", *(_compact(name) + "{" for name in names))
+    starts = tuple(fence + prefix + opening for fence in ("```json", "```", "")
+                   for prefix in ("", *_CALL_PREFIXES, "".join(_CALL_PREFIXES))
+                   for opening in openings)
     if compact.startswith(starts):
         return True
     return None if any(form.startswith(compact) for form in starts) else False
+
+
+def _compact(text: str) -> str:
+    return re.sub(r"\s+", "", text)
 
 
 @dataclass(slots=True)
