@@ -183,6 +183,8 @@ class RemoteEngine:
                 "stream_options": {"include_usage": True}}
         if options.stop:
             body["stop"] = list(options.stop)
+        if options.output is not None:
+            body["response_format"] = options.output.response_format()
         if self._localspec:
             if self._meta.get("fit_max_tokens"):  # a server that predates it refuses it
                 # As the engine in process does: a long conversation gets the answer its

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from .engine import DraftSettings, GenerationRequest, SamplingParams, drafters
+from .engine.structure import OutputFormat
 from .params import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class ChatOptions:
     stop: tuple[str, ...] = ()
     # The tools the chat template shows the model (OpenAI's ``tools`` objects), for messages.
     tools: tuple[Mapping[str, object], ...] = ()
+    # The JSON Schema the answer is held to (None: free text).
+    output: OutputFormat | None = None
 
 
 class Encoder(Protocol):
@@ -125,5 +128,5 @@ def build_request(engine: Encoder, prompt: Prompt, options: ChatOptions,
     draft = options.draft or default_draft or DraftSettings()
     return GenerationRequest(prompt_tokens=prompt_tokens(engine, prompt, options.tools),
                              max_tokens=options.max_tokens, sampling=options.sampling,
-                             stop=options.stop,
+                             stop=options.stop, output=options.output,
                              draft=fit_draft(draft, engine.draft is not None))

@@ -258,7 +258,7 @@ def test_a_seed_of_minus_one_is_llama_servers_random_seed() -> None:
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": [1, 2]}, "stop"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
     ({"extra_body": {"mirostat": 2}}, "mirostat"),
     ({"extra_body": {"top_k": "many"}}, "top_k"),
 ])

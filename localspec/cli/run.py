@@ -8,6 +8,7 @@ import os
 import select
 import sys
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LocalspecError
@@ -47,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="statistics and the engine's decisions to stderr")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, finish reason, statistics) at the end")
+    p.add_argument("--schema", metavar="SCHEMA",
+                   help="hold the answer to a JSON Schema: a file, the schema's JSON text, or "
+                        "`object` for any JSON object (as response_format asks a server)")
     r = p.add_argument_group("remote")
     r.add_argument("--url", help="ask this OpenAI-compatible server (a `localspec serve`, "
                                  "llama-server, vLLM) instead of loading models here")
@@ -96,12 +100,24 @@ def _piped_text() -> str | None:
     return stdin_text()
 
 
+def _output(args: argparse.Namespace) -> Any:
+    """--schema, read and checked before any model loads."""
+    if args.schema is None:
+        return None
+    from ..engine.structure import OutputFormat, SchemaError
+
+    try:
+        return OutputFormat.from_argument(args.schema)
+    except SchemaError as exc:
+        raise LocalspecError(f"--schema: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    _output(args)  # a bad schema is said before anything loads
     if args.url:
         return _run_remote(args)
     pair, prompt = _split_words(args)
     settings = settings_from(args, read_config=True)
-    from dataclasses import replace
 
     from ..history import scope_for
 
@@ -127,7 +143,7 @@ def request_for(engine: SpeculativeEngine, args: argparse.Namespace, settings: A
     from ..requests import build_request, options_from_settings
 
     options = options_from_settings(settings, draft_mode=draft_mode, stop=args.stop)
-    return build_request(engine, _prompt(args, prompt), options)
+    return build_request(engine, _prompt(args, prompt), replace(options, output=_output(args)))
 
 
 def _run_remote(args: argparse.Namespace) -> int:
@@ -145,6 +161,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     options = options_from_settings(settings, stop=args.stop, draft=any(
         getattr(args, name) is not None for name in ("draft_mode", "k", "k_max", "accept_rule",
                                                      "exact", "history")))
+    options = replace(options, output=_output(args))
     with RemoteEngine(args.url, api_key=args.api_key) as engine:
         asked = _prompt(args, prompt)
         events = (engine.stream_completion(asked, options) if isinstance(asked, str)

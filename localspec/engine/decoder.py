@@ -59,6 +59,7 @@ from .sampling import (
     sample,
 )
 from .stats import GenerationStats
+from .structure import OutputFormat, OutputGuide, vocabulary_tokenizer
 from .text import TextAssembler, TextChunk
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     draft: DraftSettings = DraftSettings()
+    # The answer held to a JSON Schema (``structure``); None: free text.
+    output: OutputFormat | None = None
 
 
 def _check_types(req: GenerationRequest) -> None:
@@ -99,6 +102,8 @@ def _check_types(req: GenerationRequest) -> None:
                               ("draft", req.draft, DraftSettings)):
         if not isinstance(value, kind):
             raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+    if req.output is not None and not isinstance(req.output, OutputFormat):
+        raise ValueError(f"output must be an OutputFormat, got {type(req.output).__name__}")
     if isinstance(req.stop, str):  # it would stop at each of its characters
         raise ValueError("stop must be a sequence of strings, not one string: "
                          f"stop=({req.stop!r},)")
@@ -164,6 +169,18 @@ class _Run:
     marks: list[int] = field(default_factory=list)
     calibration_decode_seconds: float = 0.0
     calibration_decode_calls: int = 0
+    # The schema's state where the answer is held to one: it masks each choice of the target.
+    guide: OutputGuide | None = None
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """The logits the target chooses from at the next position of its answer."""
+        return logits if self.guide is None else self.guide.mask(logits)
+
+    def wrote(self, token: int | None) -> int | None:
+        """The target chose ``token`` (None: a near-tie left the position to the next step)."""
+        if token is not None and self.guide is not None:
+            self.guide.advance(token)
+        return token
 
 
 def plain_transcript(messages: Sequence[Mapping[str, object]]) -> str:
@@ -210,6 +227,7 @@ class SpeculativeEngine:
                          for greedy in (True, False)}
         self._lock = threading.Lock()
         self._formatters: dict[str, Any] = {}
+        self._schema_tokenizer: Any = None  # llguidance's view of the vocabulary, when needed
 
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None,
@@ -449,6 +467,10 @@ class SpeculativeEngine:
                    stats=GenerationStats(prompt_tokens=n_prompt),
                    max_new=min(req.max_tokens, self.target.n_ctx - n_prompt),
                    speculate=req.draft.mode != NO_DRAFT)
+        if req.output is not None:
+            if self._schema_tokenizer is None:
+                self._schema_tokenizer = vocabulary_tokenizer(self.target.vocab)
+            run.guide = OutputGuide(self._schema_tokenizer, req.output, self.target.n_vocab)
         self._choose_drafters(run)
         return run
 
@@ -689,12 +711,16 @@ class SpeculativeEngine:
     def _pick(self, logits: np.ndarray, history: Sequence[int], run: _Run) -> int:
         """The first token (from the prefill): there is no draft to compare with."""
         sp = run.req.sampling
+        logits = run.masked(logits)
         if run.rule == "greedy":
-            return greedy_token(logits, history, sp)
-        if run.rule == "coupled":
-            return coupled_choice(candidates(logits, history, sp), sp.temperature, run.seed,
-                                  len(run.out)).token
-        return sample(candidates(logits, history, sp), run.rng)
+            token = greedy_token(logits, history, sp)
+        elif run.rule == "coupled":
+            token = coupled_choice(candidates(logits, history, sp), sp.temperature, run.seed,
+                                   len(run.out)).token
+        else:
+            token = sample(candidates(logits, history, sp), run.rng)
+        run.wrote(token)
+        return token
 
     def _draft_pick(self, run: _Run) -> Pick:
         """How the draft model chooses its tokens under this request's rule."""
@@ -834,7 +860,10 @@ class SpeculativeEngine:
         choice at a position does not depend on what was drafted, so any branch can be
         checked; rejection and match sampling keep chains), where both runners hold them."""
         ds = run.req.draft
-        if not ds.tree or ds.k is not None or run.rule not in ("greedy", "coupled"):
+        # A schema's masks follow one sequence of choices: a tree's branches would each need
+        # their own, so a constrained answer drafts chains.
+        if (not ds.tree or ds.k is not None or run.rule not in ("greedy", "coupled")
+                or run.guide is not None):
             return None
         branches = self.target.branches
         if drafter.costly:
@@ -904,36 +933,39 @@ class SpeculativeEngine:
         base = len(run.out)
         guard = len(prop.tokens) > 0 and self._guarded(run)
         for i, tok in enumerate(prop.tokens):
+            row = run.masked(logits[i])
             if run.rule in ("greedy", "coupled"):
-                choice = self._choose(logits[i], hist, run, base + i)
+                choice = self._choose(row, hist, run, base + i)
                 if guard and choice.margin < self.tie_margin:
                     return i, None
                 if choice.token != tok:
-                    return i, choice.token
+                    return i, run.wrote(choice.token)
             elif run.rule == "match":
-                y = sample(candidates(logits[i], hist, sp), run.rng)
+                y = sample(candidates(row, hist, sp), run.rng)
                 if y != tok:
-                    return i, y
+                    return i, run.wrote(y)
             else:
-                p = candidates(logits[i], hist, sp)
+                p = candidates(row, hist, sp)
                 q = prop.dists[i] if prop.dists is not None else point_mass(tok)
                 # Reject with probability 1 - min(1, p/q).
                 if run.rng.random() * q.prob_of(tok) >= p.prob_of(tok):
-                    return i, sample(residual(p, q), run.rng)
+                    return i, run.wrote(sample(residual(p, q), run.rng))
+            run.wrote(tok)
             hist.append(tok)
         k = len(prop.tokens)
+        row = run.masked(logits[k])
         if run.rule in ("greedy", "coupled"):
             # A near-tie is a property of the target's text, not of drafting: counted at the
             # plain steps too, else the rate a tie raised stays up while auto decodes plainly
             # (it is never seen again), and prices every later copy as if ties cut it short:
             # a rename that copied its file decoded plainly for 90 tokens on Q4_K_M.
             watch = watch_tie and not k and run.speculate and self.tie_margin > 0
-            choice = self._choose(logits[k], hist, run, base + k, guard or watch)
+            choice = self._choose(row, hist, run, base + k, guard or watch)
             run.plain_tie = choice.margin < self.tie_margin if watch else None
             if guard and choice.margin < self.tie_margin:
                 return k, None
-            return k, choice.token
-        return k, sample(candidates(logits[k], hist, sp), run.rng)
+            return k, run.wrote(choice.token)
+        return k, run.wrote(sample(candidates(row, hist, sp), run.rng))
 
     def _mark(self, run: _Run, k: int) -> int:
         """The mark of the tokens a chain step of ``k`` drafted tokens just decided (before

@@ -454,6 +454,11 @@ class LlamaRunner:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
 
     @property
+    def vocab(self) -> Any:
+        """llama.cpp's vocabulary handle (for a grammar engine that reads its tokens)."""
+        return self._vocab
+
+    @property
     def add_bos(self) -> bool:
         return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from ..engine.decoder import Finished, GenerationRequest
 from ..engine.sampling import SamplingParams
 from ..engine.stats import GenerationStats
+from ..engine.structure import OutputFormat, SchemaError
 from ..requests import ChatOptions
 from .config import ServerConfig
 from .tool_calls import (
@@ -107,6 +108,8 @@ class ParsedRequest:
     fit_max_tokens: bool = False
     # The tools the model is shown (``tool_calls``): its answer is read for calls to them.
     tools: tuple[dict[str, Any], ...] = ()
+    # ``response_format``'s schema, which the answer is held to (None: free text).
+    output: OutputFormat | None = None
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -146,6 +149,10 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
             raise tool_error(exc) from None
     else:
         prompt, prompt_tokens = _prompt(body.get("prompt"))
+    output = _response_format(body.get("response_format"))
+    if output is not None and tools:
+        raise unsupported("response_format", "with tools: the whole answer is held to the "
+                          "schema, so the model could not call one")
     stream = _bool(body, "stream", False)
     fit = _bool(body, "fit_max_tokens", False)
     include_usage = _stream_options(body.get("stream_options"), stream)
@@ -154,7 +161,34 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
                          include_usage=include_usage, draft=_draft_fields(body),
-                         fit_max_tokens=fit, tools=tools)
+                         fit_max_tokens=fit, tools=tools, output=output)
+
+
+def _response_format(value: Any) -> OutputFormat | None:
+    """``response_format``: text, any JSON object (``json_object``), or JSON matching a schema
+    (``json_schema``; held to it whether or not ``strict`` is set)."""
+    where = "response_format"
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat()
+    if kind != "json_schema":
+        raise bad_param(where, "'response_format' must be {'type': 'text'}, {'type': "
+                               "'json_object'} or {'type': 'json_schema', 'json_schema': {...}}")
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad_param(f"{where}.json_schema.schema",
+                        "'response_format.json_schema.schema' must be a JSON Schema object")
+    try:
+        out = OutputFormat(json.dumps(schema))
+        out.check()
+    except (SchemaError, ValueError, RecursionError) as exc:
+        raise bad_param(f"{where}.json_schema.schema",
+                        f"'response_format.json_schema.schema' cannot hold an answer: {exc}") \
+            from None
+    return out
 
 
 def tool_error(exc: ToolError) -> ApiError:
@@ -234,9 +268,6 @@ def _reject_unsupported_values(body: dict[str, Any], kind: Kind) -> None:
         raise unsupported("echo")
     if body.get("suffix"):
         raise unsupported("suffix")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise unsupported("response_format", "only {'type': 'text'}")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise unsupported("modalities", "only ['text']")
@@ -570,7 +601,7 @@ def request_options(parsed: ParsedRequest, config: ServerConfig) -> ChatOptions:
     draft = replace(config.draft, **{_DRAFT_FIELDS[k]: v for k, v in parsed.draft.items()})
     return ChatOptions(max_tokens=parsed.max_tokens or config.default_max_tokens,
                        sampling=parsed.sampling, stop=parsed.stop, draft=draft,
-                       tools=parsed.tools)
+                       tools=parsed.tools, output=parsed.output)
 
 
 def fit_context(req: GenerationRequest, parsed: ParsedRequest, n_ctx: int,

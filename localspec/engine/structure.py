@@ -1,0 +1,137 @@
+"""Structured output: an answer held to a JSON Schema, or to any JSON object.
+
+At each position the target decides, the tokens the schema does not allow there are masked out
+of its logits before the choice (greedy, coupled or sampled, as without a schema). llguidance,
+the grammar engine llama.cpp itself can use, matches the schema against this vocabulary's
+tokens (a mask in well under a millisecond on a 152k vocabulary); this module is the engine's
+small protocol over it, so the decoding loop knows only "which tokens may come next" and "this
+token came".
+
+Drafts need nothing: a drafted token the schema forbids differs from the target's masked choice
+and is rejected like any other, so the text is the target's constrained text whatever was
+drafted (greedy and seeded coupled sampling give the same answer with drafting on or off).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import LocalspecError
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
+
+log = logging.getLogger(__name__)
+
+# The schema of OpenAI's JSON mode (``response_format: {"type": "json_object"}``): any object.
+ANY_OBJECT = '{"type": "object"}'
+
+
+class SchemaError(ValueError):
+    """A JSON Schema that cannot hold an answer (not JSON, not an object, or a grammar
+    llguidance refuses); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """What an answer must be: JSON matching ``schema``, a JSON Schema as JSON text. Plain
+    data, so a request carrying it crosses to an engine process."""
+
+    schema: str = ANY_OBJECT
+
+    def grammar(self) -> str:
+        """llguidance's grammar for the schema; SchemaError where it is not a schema."""
+        from llguidance import LLMatcher
+
+        try:
+            value = json.loads(self.schema)
+        except (ValueError, RecursionError) as exc:
+            raise SchemaError(f"the schema is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise SchemaError("the schema must be a JSON object")
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(value)
+        except (ValueError, RecursionError) as exc:
+            raise SchemaError(str(exc).splitlines()[0] if str(exc) else "not a schema") from None
+        error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        if error:
+            raise SchemaError(messages[0].splitlines()[0] if messages else "not a schema")
+        return grammar
+
+    def check(self) -> None:
+        """SchemaError where the schema cannot hold an answer (before a request is queued)."""
+        self.grammar()
+
+    def response_format(self) -> dict[str, Any]:
+        """The OpenAI ``response_format`` that asks a server for the same."""
+        if self.schema == ANY_OBJECT:
+            return {"type": "json_object"}
+        return {"type": "json_schema",
+                "json_schema": {"name": "answer", "schema": json.loads(self.schema),
+                                "strict": True}}
+
+    @classmethod
+    def from_argument(cls, value: str) -> OutputFormat:
+        """``--schema``: ``object`` (any JSON object), a file holding a schema, or its JSON
+        text; checked (SchemaError says why it cannot hold an answer)."""
+        if value == "object":
+            return cls()
+        text = value
+        if not value.lstrip().startswith("{"):
+            try:
+                text = Path(value).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise SchemaError(f"cannot read {value} ({exc.strerror or exc})") from None
+            except UnicodeDecodeError:
+                raise SchemaError(f"{value} is not UTF-8 text") from None
+        out = cls(text)
+        out.check()
+        return out
+
+
+def vocabulary_tokenizer(vocab: Any) -> LLTokenizer:
+    """llguidance's view of a loaded llama.cpp vocabulary (about a second for 152k tokens:
+    build once per model)."""
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    with warnings.catch_warnings():  # it reads each token's attributes by a deprecated name
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return lltokenizer_from_vocab(vocab)
+
+
+class OutputGuide:
+    """One answer's schema state: the mask of the tokens that may come next, and the tokens
+    that came. Used for the target's choices only, in the order it writes them."""
+
+    def __init__(self, tokenizer: LLTokenizer, fmt: OutputFormat, n_vocab: int) -> None:
+        from llguidance import LLMatcher
+
+        try:
+            self._matcher = LLMatcher(tokenizer, fmt.grammar(), log_level=0)
+        except SchemaError as exc:
+            raise LocalspecError(f"response format: {exc}") from None
+        self._check()
+        self._n_vocab = n_vocab
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with every token the schema forbids next at -inf (a copy)."""
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[:logits.shape[-1]].astype(bool)
+        return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+
+    def advance(self, token: int) -> None:
+        """The target wrote ``token`` (always one the mask allowed)."""
+        self._matcher.consume_token(token)
+        self._check()
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            # Only a bug would get here: every token advanced was one the mask allowed.
+            raise LocalspecError(f"response format: {self._matcher.get_error()}")
