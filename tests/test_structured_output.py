@@ -14,25 +14,26 @@ import pytest
 
 from localspec.engine import DraftSettings, ModelSettings, SamplingParams, SpeculativeEngine
 from localspec.engine.decoder import GenerationRequest
-from localspec.engine.structure import OutputFormat, SchemaError
+from localspec.engine.structure import OutputFormat, SchemaError, vocabulary_tokenizer
 from localspec.server import ServerConfig
 from localspec.server.app import create_app
 from localspec.server.running import BackgroundServer
 
 from .conftest import run_cli
 
-# Finite: no free whitespace or strings, so even a random model's answer ends.
+# Finite: no whitespace or free strings, so even a random model's answer ends.
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"color": {"enum": ["red", "green", "blue"]},
                    "n": {"type": "integer", "minimum": 0, "maximum": 999},
                    "ok": {"type": "boolean"}},
     "required": ["color", "n", "ok"], "additionalProperties": False,
-    "x-guidance": {"whitespace_flexible": False},
+    "x-guidance": {"whitespace_pattern": ""},
 }
 FORMAT = OutputFormat(json.dumps(SCHEMA))
 DRAFTING = {"none": DraftSettings(mode="none"), "auto": DraftSettings(),
-            "k4": DraftSettings(k=4), "lookup": DraftSettings(mode="lookup")}
+            "k4": DraftSettings(k=4), "lookup": DraftSettings(mode="lookup"),
+            "lookup-k4": DraftSettings(mode="lookup", k=4)}
 
 
 def _matches(text: str) -> bool:
@@ -70,13 +71,18 @@ def test_free_text_is_not_json_so_the_schema_is_what_makes_it(
 def test_greedy_answers_match_the_schema_and_not_drafting_alike(
         engines: dict[str, SpeculativeEngine], precision: str) -> None:
     eng = engines[precision]
-    for prompt in ("the answer is", "a b c d", "hello there"):
+    drafted = accepted = 0
+    # The last prompt holds such an answer for prompt lookup to copy from.
+    for prompt in ("the answer is", "a b c d", 'say {"color":"blue","n":12,"ok":false} again'):
         texts = {name: _answer(eng, ds, prompt=prompt) for name, ds in DRAFTING.items()}
         plain = texts["none"]
         assert plain.finish_reason == "stop" and _matches(plain.text), plain.text
         assert {n: r.text for n, r in texts.items()} == {n: plain.text for n in texts}
-    # Drafted tokens the schema forbids were verified and turned down, not just never drafted.
-    assert texts["k4"].stats.draft_rounds > 0
+        for name in ("k4", "lookup-k4"):
+            drafted += texts[name].stats.drafted
+            accepted += texts[name].stats.accepted
+    # Unmasked drafts were verified, some of their tokens accepted and some turned down.
+    assert 0 < accepted < drafted
 
 
 @pytest.mark.parametrize("precision", ["f32", "q4_k_m"])
@@ -91,13 +97,22 @@ def test_seeded_sampling_gives_the_same_schema_bound_text_with_or_without_drafti
     assert _matches(rejection.text)
 
 
-def test_any_json_object_by_default(engines: dict[str, SpeculativeEngine]) -> None:
-    loose = OutputFormat('{"type": "object", "x-guidance": {"whitespace_flexible": false}}')
-    done = _answer(engines["f32"], DRAFTING["auto"], output=loose)
+@pytest.mark.parametrize("prompt", ["the answer is", "a b c d"])
+def test_json_mode_writes_an_object_or_the_start_of_one(
+        engines: dict[str, SpeculativeEngine], prompt: str) -> None:
+    """OpenAI's JSON mode (any object, whitespace as a schema allows by default): an answer
+    cut by max_tokens is still, token for token, the beginning of one."""
+    from llguidance import LLMatcher
+
+    eng = engines["f32"]
+    done = _answer(eng, DRAFTING["auto"], output=OutputFormat(), prompt=prompt)
     if done.finish_reason == "stop":
         assert isinstance(json.loads(done.text), dict)
-    else:  # an object that ran to max_tokens: its start still is one
-        assert done.finish_reason == "length" and done.text.startswith("{")
+    else:
+        assert done.finish_reason == "length" and done.text.lstrip().startswith("{")
+    fresh = LLMatcher(vocabulary_tokenizer(eng.target.vocab), OutputFormat().grammar())
+    assert fresh.validate_tokens(list(done.tokens)) == len(done.tokens)
+    assert done.text != _answer(eng, DRAFTING["auto"], output=None, prompt=prompt).text
 
 
 @pytest.mark.parametrize(("schema", "says"), [
@@ -138,6 +153,16 @@ def test_response_format_holds_the_answer_to_the_schema(client: openai.OpenAI) -
     free = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=60,
                                           temperature=0)
     assert free.choices[0].message.content != text
+    # JSON mode, and the completions endpoint (llama-server takes it there too).
+    mode = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=60,
+                                          temperature=0, response_format={"type": "json_object"})
+    content = mode.choices[0].message.content or ""
+    assert content.lstrip().startswith("{")
+    if mode.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+    raw = client.completions.create(model="tiny", prompt="the answer is", max_tokens=60,
+                                    temperature=0, extra_body={"response_format": RESPONSE_FORMAT})
+    assert raw.choices[0].finish_reason == "stop" and _matches(raw.choices[0].text)
 
 
 @pytest.mark.parametrize(("fmt", "param", "code"), [
@@ -145,6 +170,10 @@ def test_response_format_holds_the_answer_to_the_schema(client: openai.OpenAI) -
         "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}},
      "response_format.json_schema.schema", "invalid_value"),
     ({"type": "json_schema", "json_schema": {"name": "a"}},
+     "response_format.json_schema.schema", "invalid_value"),
+    ({"type": "json_schema", "json_schema": "a"}, "response_format.json_schema", "invalid_value"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}},
      "response_format.json_schema.schema", "invalid_value"),
     ({"type": "xml"}, "response_format", "invalid_value"),
 ])
@@ -178,10 +207,15 @@ def test_run_holds_its_answer_to_a_schema_in_process_and_through_a_server(
     text = json.loads(here.stdout)["text"]
     assert _matches(text)
     url = str(client.base_url).removesuffix("/v1/")  # the same tiny Q4_K_M target, served
-    served = run_cli("run", "--url", url, "--schema", json.dumps(SCHEMA), "-n", "60",
-                     "--temperature", "0", "--json", "the answer is")
-    assert served.returncode == 0, served.stderr
-    assert _matches(json.loads(served.stdout)["text"])
+    for raw in ((), ("--raw",)):  # a chat, and a plain completion
+        served = run_cli("run", "--url", url, "--schema", json.dumps(SCHEMA), "-n", "60",
+                         "--temperature", "0", "--json", *raw, "the answer is")
+        assert served.returncode == 0, served.stderr
+        assert _matches(json.loads(served.stdout)["text"])
+    anything = run_cli("run", "--target", str(target), "--schema", "object", "-n", "30",
+                       "--json", "the answer is")
+    assert anything.returncode == 0, anything.stderr
+    assert json.loads(anything.stdout)["text"].lstrip().startswith("{")
 
 
 @pytest.mark.parametrize(("schema", "says"), [

@@ -113,9 +113,9 @@ def _output(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    _output(args)  # a bad schema is said before anything loads
+    output = _output(args)  # a bad schema is said before anything loads
     if args.url:
-        return _run_remote(args)
+        return _run_remote(args, output)
     pair, prompt = _split_words(args)
     settings = settings_from(args, read_config=True)
 
@@ -125,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     spec = replace(engine_spec(args, pair, settings), history=scope_for("chat", settings))
     prompt = _prompt_text(prompt)
     if prompt is None:
+        if output is not None:
+            raise LocalspecError("--schema holds one answer: give the prompt (the chat app "
+                                 "takes none)")
         return _open_tui(spec)
     if not prompt.strip():
         raise LocalspecError("the prompt is empty")
@@ -133,20 +136,21 @@ def run(args: argparse.Namespace) -> int:
     with load_engine(spec) as engine:
         if args.verbose:
             _describe_load(engine)
-        return _stream(engine, request_for(engine, args, settings, spec.draft_mode, prompt),
-                       args)
+        return _stream(engine, request_for(engine, args, settings, spec.draft_mode, prompt,
+                                           output), args)
 
 
 def request_for(engine: SpeculativeEngine, args: argparse.Namespace, settings: Any,
-                draft_mode: str, prompt: str) -> GenerationRequest:
-    """The engine's request for ``run``'s prompt, built as every front end builds one."""
+                draft_mode: str, prompt: str, output: Any = None) -> GenerationRequest:
+    """The engine's request for ``run``'s prompt, built as every front end builds one
+    (``output``: --schema's, read once)."""
     from ..requests import build_request, options_from_settings
 
     options = options_from_settings(settings, draft_mode=draft_mode, stop=args.stop)
-    return build_request(engine, _prompt(args, prompt), replace(options, output=_output(args)))
+    return build_request(engine, _prompt(args, prompt), replace(options, output=output))
 
 
-def _run_remote(args: argparse.Namespace) -> int:
+def _run_remote(args: argparse.Namespace, output: Any) -> int:
     """``run --url``: the same answer from a server (its models, its drafting unless set)."""
     from ..remote import RemoteEngine
     from ..requests import options_from_settings
@@ -161,7 +165,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     options = options_from_settings(settings, stop=args.stop, draft=any(
         getattr(args, name) is not None for name in ("draft_mode", "k", "k_max", "accept_rule",
                                                      "exact", "history")))
-    options = replace(options, output=_output(args))
+    options = replace(options, output=output)
     with RemoteEngine(args.url, api_key=args.api_key) as engine:
         asked = _prompt(args, prompt)
         events = (engine.stream_completion(asked, options) if isinstance(asked, str)

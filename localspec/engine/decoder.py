@@ -470,7 +470,7 @@ class SpeculativeEngine:
         if req.output is not None:
             if self._schema_tokenizer is None:
                 self._schema_tokenizer = vocabulary_tokenizer(self.target.vocab)
-            run.guide = OutputGuide(self._schema_tokenizer, req.output, self.target.n_vocab)
+            run.guide = OutputGuide(self._schema_tokenizer, req.output)
         self._choose_drafters(run)
         return run
 
@@ -634,6 +634,7 @@ class SpeculativeEngine:
         depend on what was drafted). Returns its nodes, the next token (None: a near-tie, as
         in ``_verify``) and the target's choice after each accepted prefix. ``logits`` row 0
         is the last accepted token's, row i + 1 node i's."""
+        assert run.guide is None, "a schema's answer drafts chains (see _tree_request)"
         kids = prop.children()
         hist = list(run.seq)
         base = len(run.out)

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 # The schema of OpenAI's JSON mode (``response_format: {"type": "json_object"}``): any object.
 ANY_OBJECT = '{"type": "object"}'
+# Whitespace between JSON tokens, unless a schema's "x-guidance" says otherwise: as much as
+# pretty-printing 16 levels deep takes, and no more, so a model cannot loop on spaces until
+# max_tokens (llguidance's default is any amount).
+_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,64}"
 
 
 class SchemaError(ValueError):
@@ -52,17 +56,18 @@ class OutputFormat:
 
         try:
             value = json.loads(self.schema)
-        except (ValueError, RecursionError) as exc:
-            raise SchemaError(f"the schema is not JSON ({exc})") from None
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise SchemaError(f"the schema is not JSON text ({exc})") from None
         if not isinstance(value, dict):
             raise SchemaError("the schema must be a JSON object")
         try:
-            grammar = LLMatcher.grammar_from_json_schema(value)
+            grammar = LLMatcher.grammar_from_json_schema(
+                value, defaults={"whitespace_pattern": _WHITESPACE})
         except (ValueError, RecursionError) as exc:
-            raise SchemaError(str(exc).splitlines()[0] if str(exc) else "not a schema") from None
+            raise SchemaError(_one_line(str(exc))) from None
         error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
         if error:
-            raise SchemaError(messages[0].splitlines()[0] if messages else "not a schema")
+            raise SchemaError(_one_line(messages[0] if messages else ""))
         return grammar
 
     def check(self) -> None:
@@ -96,6 +101,10 @@ class OutputFormat:
         return out
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) or "not a schema"
+
+
 def vocabulary_tokenizer(vocab: Any) -> LLTokenizer:
     """llguidance's view of a loaded llama.cpp vocabulary (about a second for 152k tokens:
     build once per model)."""
@@ -110,15 +119,12 @@ class OutputGuide:
     """One answer's schema state: the mask of the tokens that may come next, and the tokens
     that came. Used for the target's choices only, in the order it writes them."""
 
-    def __init__(self, tokenizer: LLTokenizer, fmt: OutputFormat, n_vocab: int) -> None:
+    def __init__(self, tokenizer: LLTokenizer, fmt: OutputFormat) -> None:
         from llguidance import LLMatcher
 
-        try:
-            self._matcher = LLMatcher(tokenizer, fmt.grammar(), log_level=0)
-        except SchemaError as exc:
-            raise LocalspecError(f"response format: {exc}") from None
-        self._check()
-        self._n_vocab = n_vocab
+        self._matcher = LLMatcher(tokenizer, fmt.grammar(), log_level=0)
+        if self._matcher.is_error():  # a schema this vocabulary cannot write: the request's
+            raise SchemaError(_one_line(self._matcher.get_error()))
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with every token the schema forbids next at -inf (a copy)."""

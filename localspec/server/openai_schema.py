@@ -37,12 +37,14 @@ _COMMON = {
     "frequency_penalty", "presence_penalty", "n", "logprobs", "logit_bias", "user",
     # llama.cpp-style extensions (llama-server and vLLM accept the same names)
     "top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n",
+    # chat's, and llama-server's on completions too (``run --raw --schema --url`` sends it)
+    "response_format",
     # localspec's own: how this request drafts (see `localspec run --help`)
     "exact", "draft_mode", "k", "k_max", "accept_rule", "history", "fit_max_tokens",
     # accepted and ignored: they do not change the generated text
     "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
 }
-_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs",
               "modalities", "parallel_tool_calls", "tools", "tool_choice"}
 _COMPLETION_ONLY = {"prompt", "echo", "best_of", "suffix"}
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -177,7 +179,10 @@ def _response_format(value: Any) -> OutputFormat | None:
         raise bad_param(where, "'response_format' must be {'type': 'text'}, {'type': "
                                "'json_object'} or {'type': 'json_schema', 'json_schema': {...}}")
     spec = value.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict):
+        raise bad_param(f"{where}.json_schema", "'response_format.json_schema' must be an "
+                                                "object holding the 'schema'")
+    schema = spec.get("schema")
     if not isinstance(schema, dict):
         raise bad_param(f"{where}.json_schema.schema",
                         "'response_format.json_schema.schema' must be a JSON Schema object")
