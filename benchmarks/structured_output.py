@@ -81,12 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--repack", default="off")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", action="append", help="this prompt only (repeatable)")
     args = ap.parse_args(argv)
     settings = ModelSettings(n_ctx=2048, repack=args.repack)
     rows = []
     with SpeculativeEngine.load(args.target, args.draft, settings) as eng:
         run_once(eng, "Say OK as JSON.", {"type": "object"}, SIDES["auto"], 8)  # calibrates
         for name, prompt, schema in PROMPTS:
+            if args.only and name not in args.only:
+                continue
             runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
             for r in range(args.repeats):
                 order = list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
@@ -107,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                    "acceptance": (sum(x["accepted"] for x in auto)
                                   / max(1, sum(x["drafted"] for x in auto))),
                    "identical": len(texts) == 1, "parses": parses,
-                   "finish": alone[0]["finish"], "text": alone[0]["text"]}
+                   "finish": alone[0]["finish"], "text": alone[0]["text"],
+                   # where they part, every distinct text (a near-tie's two sides, say)
+                   "texts": sorted(texts) if len(texts) > 1 else []}
             row["speedup"] = statistics.median(row["speedups"])
             rows.append(row)
             print(f"{name:10s} {row['tokens']:4d} tokens  alone {row['alone_tok_s']:6.2f} tok/s  "
