@@ -229,3 +229,15 @@ def test_run_with_a_bad_schema_is_one_line_and_a_non_zero_exit(
     assert proc.returncode != 0 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert says in line and "Traceback" not in line
+
+
+def test_the_draft_model_drafts_within_the_schema(
+        quantized_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """The target as its own draft: masked alike, every drafted token is the target's choice
+    (unmasked, its free guesses would be turned down wherever the schema forbids them)."""
+    target, _ = quantized_pairs["f32"]
+    with SpeculativeEngine.load(target, target, ModelSettings(n_ctx=512)) as eng:
+        for prompt in ("the answer is", "a b c d"):
+            done = _answer(eng, DraftSettings(k=4), prompt=prompt)
+            assert _matches(done.text)
+            assert done.stats.drafted > 0 and done.stats.accepted == done.stats.drafted

@@ -727,9 +727,22 @@ class SpeculativeEngine:
         """How the draft model chooses its tokens under this request's rule."""
         sp = run.req.sampling
         base = len(run.out)
+        # Under a schema the draft chooses among the tokens it allows too, by a fork of the
+        # answer's state that follows this draft (from its first token: j == 0).
+        fork: list[OutputGuide] = []
 
         def pick(logits: np.ndarray, history: list[int], j: int) -> tuple[int, float,
                                                                         Candidates | None]:
+            if run.guide is None:
+                return choose(logits, history, j)
+            if j == 0:
+                fork[:] = [run.guide.fork()]
+            tok, conf, dist = choose(fork[0].mask(logits), history, j)
+            fork[0].advance(tok)
+            return tok, conf, dist
+
+        def choose(logits: np.ndarray, history: list[int], j: int) -> tuple[int, float,
+                                                                          Candidates | None]:
             if run.rule == "greedy" or run.rule == "match":
                 tok, conf = greedy_pick(logits, history, sp)
                 return tok, conf, None

@@ -7,9 +7,11 @@ tokens (a mask in well under a millisecond on a 152k vocabulary); this module is
 small protocol over it, so the decoding loop knows only "which tokens may come next" and "this
 token came".
 
-Drafts need nothing: a drafted token the schema forbids differs from the target's masked choice
-and is rejected like any other, so the text is the target's constrained text whatever was
-drafted (greedy and seeded coupled sampling give the same answer with drafting on or off).
+A drafted token the schema forbids differs from the target's masked choice and is rejected like
+any other, so the text is the target's constrained text whatever was drafted (greedy and seeded
+coupled sampling give the same answer with drafting on or off). The draft model is masked too,
+by a fork of the answer's state, only so that it does not waste its guesses on tokens that
+cannot be accepted.
 """
 
 from __future__ import annotations
@@ -131,6 +133,13 @@ class OutputGuide:
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[:logits.shape[-1]].astype(bool)
         return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+
+    def fork(self) -> OutputGuide:
+        """A copy to draft with: advanced over a draft's tokens, it leaves this one where the
+        target's answer is."""
+        twin = object.__new__(OutputGuide)
+        twin._matcher = self._matcher.deep_copy()
+        return twin
 
     def advance(self, token: int) -> None:
         """The target wrote ``token`` (always one the mask allowed)."""
