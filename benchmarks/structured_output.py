@@ -5,8 +5,9 @@
 
 In one process, on one engine: each prompt asks for JSON that a schema describes (extraction,
 a function's signature, a tool call's arguments, a list), answered greedily under that schema
-by the target alone (this engine with drafting off: llama-cpp-python's own loop has no schema
-masking of the same kind to compare with) and by auto drafting, each repeat in turn with the
+by the target alone (this engine with drafting off: llama-cpp-python's ``response_format``
+masks by its own GBNF grammar, whose whitespace and key order differ, so its text would not
+compare) and by auto drafting, each repeat in turn with the
 two sides alternating which goes first. The history drafter is off, so no answer drafts from
 another. Reported per prompt: tokens/s of each side (median of the repeats), the speedup,
 acceptance, whether the two texts are identical, and whether the answer parses as JSON.

@@ -24,6 +24,7 @@ from .common import (
 
 if TYPE_CHECKING:  # the engine (and llama_cpp) load only when a command runs
     from ..engine import GenerationRequest, SpeculativeEngine
+    from ..engine.structure import OutputFormat
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="generate with a pair: streams the text to stdout",
@@ -100,7 +101,7 @@ def _piped_text() -> str | None:
     return stdin_text()
 
 
-def _output(args: argparse.Namespace) -> Any:
+def _output(args: argparse.Namespace) -> OutputFormat | None:
     """--schema, read and checked before any model loads."""
     if args.schema is None:
         return None
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def request_for(engine: SpeculativeEngine, args: argparse.Namespace, settings: Any,
-                draft_mode: str, prompt: str, output: Any = None) -> GenerationRequest:
+                draft_mode: str, prompt: str,
+                output: OutputFormat | None = None) -> GenerationRequest:
     """The engine's request for ``run``'s prompt, built as every front end builds one
     (``output``: --schema's, read once)."""
     from ..requests import build_request, options_from_settings
@@ -150,7 +152,7 @@ def request_for(engine: SpeculativeEngine, args: argparse.Namespace, settings: A
     return build_request(engine, _prompt(args, prompt), replace(options, output=output))
 
 
-def _run_remote(args: argparse.Namespace, output: Any) -> int:
+def _run_remote(args: argparse.Namespace, output: OutputFormat | None) -> int:
     """``run --url``: the same answer from a server (its models, its drafting unless set)."""
     from ..remote import RemoteEngine
     from ..requests import options_from_settings

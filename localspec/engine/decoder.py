@@ -470,7 +470,7 @@ class SpeculativeEngine:
         if req.output is not None:
             if self._schema_tokenizer is None:
                 self._schema_tokenizer = vocabulary_tokenizer(self.target.vocab)
-            run.guide = OutputGuide(self._schema_tokenizer, req.output)
+            run.guide = OutputGuide.start(self._schema_tokenizer, req.output)
         self._choose_drafters(run)
         return run
 
@@ -729,16 +729,20 @@ class SpeculativeEngine:
         base = len(run.out)
         # Under a schema the draft chooses among the tokens it allows too, by a fork of the
         # answer's state that follows this draft (from its first token: j == 0).
-        fork: list[OutputGuide] = []
+        fork: OutputGuide | None = None
 
         def pick(logits: np.ndarray, history: list[int], j: int) -> tuple[int, float,
                                                                         Candidates | None]:
-            if run.guide is None:
+            nonlocal fork
+            if run.guide is not None and j == 0:
+                fork = run.guide.fork()
+            if fork is None:
                 return choose(logits, history, j)
-            if j == 0:
-                fork[:] = [run.guide.fork()]
-            tok, conf, dist = choose(fork[0].mask(logits), history, j)
-            fork[0].advance(tok)
+            tok, conf, dist = choose(fork.mask(logits), history, j)
+            try:
+                fork.advance(tok)
+            except LocalspecError:  # nothing the draft's vocabulary holds is allowed: it
+                fork = None  # drafts freely on, and the target turns down what breaks the schema
             return tok, conf, dist
 
         def choose(logits: np.ndarray, history: list[int], j: int) -> tuple[int, float,

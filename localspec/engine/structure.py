@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import LocalspecError
 
 if TYPE_CHECKING:
-    from llguidance import LLTokenizer
+    from llguidance import LLMatcher, LLTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -118,31 +118,39 @@ def vocabulary_tokenizer(vocab: Any) -> LLTokenizer:
 
 
 class OutputGuide:
-    """One answer's schema state: the mask of the tokens that may come next, and the tokens
-    that came. Used for the target's choices only, in the order it writes them."""
+    """One sequence's schema state: the mask of the tokens that may come next, and the tokens
+    that came, in order (the target's answer, or a fork's draft)."""
 
-    def __init__(self, tokenizer: LLTokenizer, fmt: OutputFormat) -> None:
+    def __init__(self, matcher: LLMatcher) -> None:
+        self._matcher = matcher
+
+    @classmethod
+    def start(cls, tokenizer: LLTokenizer, fmt: OutputFormat) -> OutputGuide:
+        """The state before an answer's first token."""
         from llguidance import LLMatcher
 
-        self._matcher = LLMatcher(tokenizer, fmt.grammar(), log_level=0)
-        if self._matcher.is_error():  # a schema this vocabulary cannot write: the request's
-            raise SchemaError(_one_line(self._matcher.get_error()))
+        matcher = LLMatcher(tokenizer, fmt.grammar(), log_level=0)
+        if matcher.is_error():  # a schema this vocabulary cannot write: the request's
+            raise SchemaError(_one_line(matcher.get_error()))
+        return cls(matcher)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
-        """``logits`` with every token the schema forbids next at -inf (a copy)."""
+        """``logits`` with every token the schema forbids next at -inf (a copy). Logits past
+        the vocabulary the schema was compiled for (a draft's larger one) are forbidden."""
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[:logits.shape[-1]].astype(bool)
-        return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+        allowed = np.unpackbits(bits, bitorder="little").astype(bool)
+        n = logits.shape[-1]
+        if allowed.size < n:
+            allowed = np.concatenate([allowed, np.zeros(n - allowed.size, dtype=bool)])
+        return np.where(allowed[:n], logits, -np.inf).astype(logits.dtype, copy=False)
 
     def fork(self) -> OutputGuide:
         """A copy to draft with: advanced over a draft's tokens, it leaves this one where the
-        target's answer is."""
-        twin = object.__new__(OutputGuide)
-        twin._matcher = self._matcher.deep_copy()
-        return twin
+        answer is."""
+        return OutputGuide(self._matcher.deep_copy())
 
     def advance(self, token: int) -> None:
-        """The target wrote ``token`` (always one the mask allowed)."""
+        """``token`` came next (one the mask allowed)."""
         self._matcher.consume_token(token)
         self._check()
 
