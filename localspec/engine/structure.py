@@ -16,8 +16,8 @@ cannot be accepted.
 
 from __future__ import annotations
 
+import functools
 import json
-import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +29,6 @@ from ..errors import LocalspecError
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer
-
-log = logging.getLogger(__name__)
 
 # The schema of OpenAI's JSON mode (``response_format: {"type": "json_object"}``): any object.
 ANY_OBJECT = '{"type": "object"}'
@@ -54,23 +52,7 @@ class OutputFormat:
 
     def grammar(self) -> str:
         """llguidance's grammar for the schema; SchemaError where it is not a schema."""
-        from llguidance import LLMatcher
-
-        try:
-            value = json.loads(self.schema)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise SchemaError(f"the schema is not JSON text ({exc})") from None
-        if not isinstance(value, dict):
-            raise SchemaError("the schema must be a JSON object")
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(
-                value, defaults={"whitespace_pattern": _WHITESPACE})
-        except (ValueError, RecursionError) as exc:
-            raise SchemaError(_one_line(str(exc))) from None
-        error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-        if error:
-            raise SchemaError(_one_line(messages[0] if messages else ""))
-        return grammar
+        return _grammar(self.schema)
 
     def check(self) -> None:
         """SchemaError where the schema cannot hold an answer (before a request is queued)."""
@@ -101,6 +83,29 @@ class OutputFormat:
         out = cls(text)
         out.check()
         return out
+
+
+# Compiled once per schema and process: a request's schema is checked before it is queued and
+# compiled again where its answer starts, and agents send the same schema request after request.
+@functools.lru_cache(maxsize=32)
+def _grammar(schema: str) -> str:
+    from llguidance import LLMatcher
+
+    try:
+        value = json.loads(schema)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SchemaError(f"the schema is not JSON text ({exc})") from None
+    if not isinstance(value, dict):
+        raise SchemaError("the schema must be a JSON object")
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(
+            value, defaults={"whitespace_pattern": _WHITESPACE})
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(_one_line(str(exc))) from None
+    error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if error:
+        raise SchemaError(_one_line(messages[0] if messages else ""))
+    return grammar
 
 
 def _one_line(message: str) -> str:

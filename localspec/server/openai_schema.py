@@ -189,7 +189,7 @@ def _response_format(value: Any) -> OutputFormat | None:
     try:
         out = OutputFormat(json.dumps(schema))
         out.check()
-    except (SchemaError, ValueError, RecursionError) as exc:
+    except (SchemaError, RecursionError) as exc:  # RecursionError: json.dumps of deep nesting
         raise bad_param(f"{where}.json_schema.schema",
                         f"'response_format.json_schema.schema' cannot hold an answer: {exc}") \
             from None
