@@ -16,12 +16,21 @@ import openai
 import pytest
 
 from localspec.engine import ModelSettings, SpeculativeEngine
+from localspec.engine.structure import vocabulary_tokenizer
 from localspec.models.tiny import _WORDS, TinyModelSpec, write_tiny_model
 from localspec.server import ServerConfig
 from localspec.server.app import create_app
 from localspec.server.openai_schema import ApiError, parse_request
 from localspec.server.running import BackgroundServer
-from localspec.server.tool_calls import ToolCallStream, ToolError, split_tool_calls, tool_format
+from localspec.server.tool_calls import (
+    ToolCallStream,
+    ToolError,
+    ToolFormat,
+    ToolRequest,
+    forced_calls,
+    split_tool_calls,
+    tool_format,
+)
 
 SCRIPT = ("Let", "me", "check.", "<tool_call>", '{"name":', '"get_weather",', '"arguments":',
           '{"city":', '"Paris"}}', "</tool_call>")
@@ -77,8 +86,8 @@ def _scripted(folder: Path, script: tuple[str, ...], template: str = TOOLS_TEMPL
 
 
 @contextmanager
-def _serving(model: Path) -> Iterator[openai.OpenAI]:
-    with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=1024)) as eng:
+def _serving(model: Path, n_ctx: int = 1024) -> Iterator[openai.OpenAI]:
+    with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=n_ctx)) as eng:
         srv = BackgroundServer(create_app(eng, ServerConfig(model_id=MODEL))).start()
         try:
             yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
@@ -208,6 +217,74 @@ def test_a_conversation_goes_on_after_a_call_and_its_result(client: openai.OpenA
     assert again.usage.prompt_tokens > bare.usage.prompt_tokens + 20
 
 
+# A model that answers in words and never calls, and tools whose arguments are finite (an enum),
+# so that even a random model's forced call ends within max_tokens: with one call allowed
+# (parallel_tool_calls false), since such a model would go on calling (the grammar's parallel
+# calls are checked below, without a model), and room for the blanks it writes between tokens.
+PROSE = ("It", "is", "sunny", "today.")
+CITY: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}}}
+TIME: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        "required": ["zone"], "additionalProperties": False}}}
+FORCED_MAX_TOKENS = 600
+
+
+def _answer(api: openai.OpenAI, stream: bool, **kw: Any) -> tuple[str, list[Any], str]:
+    """The content, the calls and the finish reason of an answer to ASK, greedy."""
+    kw |= {"model": MODEL, "messages": ASK, "max_tokens": FORCED_MAX_TOKENS, "temperature": 0,
+           "parallel_tool_calls": False}
+    if not stream:
+        choice = api.chat.completions.create(**kw).choices[0]
+        return choice.message.content or "", list(choice.message.tool_calls or []), \
+            choice.finish_reason
+    parts = list(api.chat.completions.create(stream=True, **kw))
+    return ("".join(c.delta.content or "" for p in parts for c in p.choices),
+            [t for p in parts for c in p.choices for t in c.delta.tool_calls or []],
+            next(c.finish_reason for p in parts for c in p.choices if c.finish_reason))
+
+
+@pytest.mark.parametrize("template", [TOOLS_TEMPLATE, LLAMA_TEMPLATE, MISTRAL_TEMPLATE],
+                         ids=["tagged", "llama3", "mistral"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_required_call_is_made_by_a_model_that_would_answer_in_words(
+        tmp_path: Path, template: str, stream: bool) -> None:
+    with _serving(_scripted(tmp_path, PROSE, template), n_ctx=2048) as api:
+        content, calls, reason = _answer(api, stream, tools=[CITY, TIME])
+        assert (content.strip(), calls, reason) == ("It is sunny today.", [], "stop")
+        content, calls, reason = _answer(api, stream, tools=[CITY, TIME],
+                                         tool_choice="required")
+        assert reason == "tool_calls" and content == ""
+        (call,) = calls
+        assert (call.function.name, json.loads(call.function.arguments)) in [
+            ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"}),
+            ("get_time", {"zone": "UTC"}), ("get_time", {"zone": "CET"})]
+
+
+def test_a_named_function_is_the_one_called(tmp_path: Path) -> None:
+    with _serving(_scripted(tmp_path, PROSE), n_ctx=2048) as api:
+        for name, key in (("get_time", "zone"), ("get_weather", "city")):
+            _, calls, reason = _answer(api, False, tools=[CITY, TIME],
+                                       tool_choice={"type": "function", "function": {"name": name}})
+            (call,) = calls
+            assert reason == "tool_calls" and call.function.name == name
+            assert set(json.loads(call.function.arguments)) == {key}
+
+
+def test_tools_whose_parameters_cannot_hold_a_call_are_400_naming_them(
+        client: openai.OpenAI) -> None:
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(client, tools=[WEATHER, broken], tool_choice="required")
+    assert info.value.body["param"] == "tools[1].function.parameters"  # type: ignore[index]
+    # Not forced, the same tools are only shown: the model's answer is read as ever.
+    assert _ask(client, tools=[WEATHER, broken]).choices[0].finish_reason == "tool_calls"
+
+
 @pytest.mark.parametrize("ask", [
     {"messages": ASK, "tools": [WEATHER]},
     # A tool turn, with no tools offered: such a template would not render it either.
@@ -269,9 +346,12 @@ CFG = ServerConfig(model_id=MODEL)
      "invalid_value"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
      "tools[0].function.parameters", "invalid_value"),
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}},
-     "tool_choice", "unsupported_parameter"),
+     "tool_choice.function.name", "invalid_value"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice", "invalid_value"),
+    ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice", "invalid_value"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls", "invalid_value"),
     ({"messages": [{"role": "assistant", "content": None,
                     "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{x"}}]}]},
      "messages[0].tool_calls[0].function.arguments", "invalid_value"),
@@ -322,6 +402,82 @@ def test_the_template_names_the_call_format() -> None:
     with pytest.raises(ToolError, match="does not read"):
         tool_format("<|start_header_id|>{{ tools }} {% set parameters = f.parameters %}"
                     "<function=", MODEL)
+
+
+# -- what a forced call may be ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_vocab(target_gguf: Path) -> Iterator[Any]:
+    """The tiny target's vocabulary as llguidance sees it (it tokenizes through the loaded
+    model, so the model stays loaded while it is used)."""
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)) as eng:
+        yield vocabulary_tokenizer(eng.target.vocab)
+
+
+def _allowed(vocab: Any, out: Any, text: str) -> bool:
+    """Whether ``text`` is a whole answer the grammar of ``out`` allows."""
+    from llguidance import LLMatcher
+
+    matcher = LLMatcher(vocab, out.grammar(), log_level=0)
+    tokens = vocab.tokenize_str(text)
+    return matcher.validate_tokens(tokens) == len(tokens) and \
+        matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+W = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+T = '{"name": "get_time", "arguments": {"zone": "CET"}}'
+
+
+@pytest.mark.parametrize(("fmt", "parallel", "text", "calls"), [
+    ("tagged", True, W, ["get_weather"]),
+    ("tagged", True, f"<tool_call>\n{W}\n</tool_call>", ["get_weather"]),
+    ("tagged", True, f"<tool_call>{W}</tool_call>\n<tool_call>{T}</tool_call>",
+     ["get_weather", "get_time"]),
+    ("tagged", True, f"```json\n{W}\n```", ["get_weather"]),
+    ("tagged", True, f"{W}; {T}", ["get_weather", "get_time"]),
+    ("tagged", False, f"<tool_call>{W}</tool_call>\n<tool_call>{T}</tool_call>", None),
+    ("tagged", False, f"{W} {T}", None),
+    ("tagged", True, f"Sure. {W}", None),  # words around a call
+    ("tagged", True, W.replace("Paris", "Berlin"), None),  # arguments its parameters forbid
+    ("tagged", True, W.replace("get_weather", "get_news"), None),  # a tool not offered
+    ("tagged", True, '{"name": "get_weather"}', None),  # no arguments
+    ("tagged", True, W.replace("}}", '}, "id": 1}'), None),  # a key a call does not have
+    ("json", True, W.replace("arguments", "parameters"), ["get_weather"]),
+    ("json", True, W, None),  # Llama's templates render "parameters" back
+    ("mistral", True, f"[{W}, {T}]", ["get_weather", "get_time"]),
+    ("mistral", False, f"[{W}]", ["get_weather"]),
+    ("mistral", False, f"[{W}, {T}]", None),
+])
+def test_a_forced_answer_is_a_call_in_a_form_read_back(
+        tiny_vocab: Any, fmt: ToolFormat, parallel: bool, text: str,
+        calls: list[str] | None) -> None:
+    """The grammar allows the forms the template's reader takes, each read back as the same
+    calls, and nothing else: no prose, no other tool, no arguments the parameters forbid."""
+    out = forced_calls(ToolRequest((CITY, TIME), ("get_weather", "get_time"), parallel), fmt)
+    assert _allowed(tiny_vocab, out, text) == (calls is not None)
+    if calls is not None:
+        content, read = split_tool_calls(text, ("get_weather", "get_time"), fmt)
+        assert content is None and [c["function"]["name"] for c in read] == calls
+
+
+def test_a_named_function_forbids_calls_to_the_others(tiny_vocab: Any) -> None:
+    out = forced_calls(ToolRequest((CITY, TIME), ("get_time",)), "tagged")
+    assert _allowed(tiny_vocab, out, T) and not _allowed(tiny_vocab, out, W)
+    # A tool that names no parameters takes any object of arguments.
+    bare = {"type": "function", "function": {"name": "ping"}}
+    out = forced_calls(ToolRequest((bare,), ("ping",)), "tagged")
+    assert _allowed(tiny_vocab, out, '{"name": "ping", "arguments": {"any": [1, "x"]}}')
+
+
+def test_tool_choice_names_what_a_call_is_forced_to() -> None:
+    def parse(**fields: Any) -> ToolRequest:
+        return parse_request({"messages": ASK, "tools": [CITY, TIME], **fields}, "chat",
+                             CFG).tool_request
+    assert parse().forced == () and parse(tool_choice="auto").forced == ()
+    assert parse(tool_choice="required") == ToolRequest((CITY, TIME), ("get_weather", "get_time"))
+    named = parse(tool_choice={"type": "function", "function": {"name": "get_time"}},
+                  parallel_tool_calls=False)
+    assert named == ToolRequest((CITY, TIME), ("get_time",), parallel=False)
+    assert parse(tool_choice="none") == ToolRequest()
 
 
 # -- reading calls out of text -----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Structured output: an answer held to a JSON Schema, or to any JSON object.
+"""Structured output: an answer held to a JSON Schema, to any JSON object, or to a grammar (what
+a forced tool call must be).
 
 At each position the target decides, the tokens the schema does not allow there are masked out
 of its logits before the choice (greedy, coupled or sampled, as without a schema). llguidance,
@@ -39,27 +40,33 @@ _WHITESPACE = r"[\x20\x0A\x0D\x09]{0,64}"
 
 
 class SchemaError(ValueError):
-    """A JSON Schema that cannot hold an answer (not JSON, not an object, or a grammar
-    llguidance refuses); the message says why."""
+    """A JSON Schema or grammar that cannot hold an answer (not JSON, not an object, or a
+    grammar llguidance refuses); the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
 class OutputFormat:
-    """What an answer must be: JSON matching ``schema``, a JSON Schema as JSON text. Plain
-    data, so a request carrying it crosses to an engine process."""
+    """What an answer must be: JSON matching ``schema``, a JSON Schema as JSON text, or, where
+    ``lark`` is set, text of that grammar (llguidance's Lark dialect, whose ``%json {...}``
+    holds a part to a schema). Plain data, so a request carrying it crosses to an engine
+    process."""
 
     schema: str = ANY_OBJECT
+    lark: str | None = None
 
     def grammar(self) -> str:
-        """llguidance's grammar for the schema; SchemaError where it is not a schema."""
-        return _grammar(self.schema)
+        """llguidance's grammar for the schema or Lark text; SchemaError where it is neither."""
+        return _grammar(self.schema) if self.lark is None else _lark_grammar(self.lark)
 
     def check(self) -> None:
         """SchemaError where the schema cannot hold an answer (before a request is queued)."""
         self.grammar()
 
     def response_format(self) -> dict[str, Any]:
-        """The OpenAI ``response_format`` that asks a server for the same."""
+        """The OpenAI ``response_format`` that asks a server for the same (a schema's: the
+        wire has none for a grammar)."""
+        if self.lark is not None:
+            raise ValueError("a grammar has no OpenAI response_format")
         if self.schema == ANY_OBJECT:
             return {"type": "json_object"}
         return {"type": "json_schema",
@@ -102,6 +109,19 @@ def _grammar(schema: str) -> str:
             value, defaults={"whitespace_pattern": _WHITESPACE})
     except (ValueError, RecursionError) as exc:
         raise SchemaError(_one_line(str(exc))) from None
+    return _validated(grammar)
+
+
+@functools.lru_cache(maxsize=32)
+def _lark_grammar(lark: str) -> str:
+    from llguidance import LLMatcher
+
+    return _validated(LLMatcher.grammar_from_lark(lark))
+
+
+def _validated(grammar: str) -> str:
+    from llguidance import LLMatcher
+
     error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
         raise SchemaError(_one_line(messages[0] if messages else ""))

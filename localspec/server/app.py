@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
@@ -54,7 +54,7 @@ from .openai_schema import (
     usage_chunk,
 )
 from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
-from .tool_calls import ToolCallStream, ToolError, ToolFormat, tool_format
+from .tool_calls import ToolCallStream, ToolError, ToolFormat, forced_calls, tool_format
 
 if TYPE_CHECKING:
     from ..engine.decoder import GenerationRequest, SpeculativeEngine
@@ -347,6 +347,8 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     if parsed.tools or parsed.tool_turns:
         try:
             fmt = tool_format(engine.target.chat_template, model)
+            if parsed.tool_request.forced:
+                parsed = replace(parsed, output=forced_calls(parsed.tool_request, fmt))
         except ToolError as exc:
             raise tool_error(exc) from None
     options = request_options(parsed, state.config)

@@ -23,6 +23,7 @@ from .config import ServerConfig
 from .tool_calls import (
     ToolError,
     ToolFormat,
+    ToolRequest,
     assistant_tool_calls,
     call_deltas,
     parse_tools,
@@ -108,10 +109,15 @@ class ParsedRequest:
     # localspec's extension: a max_tokens past the context is cut to what it holds, as the
     # engine in process does (sent by localspec's own clients), instead of a 400.
     fit_max_tokens: bool = False
-    # The tools the model is shown (``tool_calls``): its answer is read for calls to them.
-    tools: tuple[dict[str, Any], ...] = ()
+    # The tools the model is shown (its answer is read for calls to them), and the call
+    # ``tool_choice`` forces.
+    tool_request: ToolRequest = ToolRequest()
     # ``response_format``'s schema, which the answer is held to (None: free text).
     output: OutputFormat | None = None
+
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...]:
+        return self.tool_request.tools
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -142,17 +148,18 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
     if model is not None and not isinstance(model, str):
         raise bad_param("model", "'model' must be a string")
     messages = prompt = prompt_tokens = None
-    tools: tuple[dict[str, Any], ...] = ()
+    tools = ToolRequest()
     if kind == "chat":
         try:
-            tools = parse_tools(body.get("tools"), body.get("tool_choice"))
+            tools = parse_tools(body.get("tools"), body.get("tool_choice"),
+                                body.get("parallel_tool_calls"))
             messages = _messages(body.get("messages"))
         except ToolError as exc:
             raise tool_error(exc) from None
     else:
         prompt, prompt_tokens = _prompt(body.get("prompt"))
     output = _response_format(body.get("response_format"))
-    if output is not None and tools:
+    if output is not None and tools.tools:
         raise unsupported("response_format", "with tools: the whole answer is held to the "
                           "schema, so the model could not call one")
     stream = _bool(body, "stream", False)
@@ -163,7 +170,7 @@ def parse_request(body: Any, kind: Kind, config: ServerConfig) -> ParsedRequest:
                          sampling=_sampling(body, config.default_sampling),
                          stop=_stop(body.get("stop"), config.max_stop_strings), stream=stream,
                          include_usage=include_usage, draft=_draft_fields(body),
-                         fit_max_tokens=fit, tools=tools, output=output)
+                         fit_max_tokens=fit, tool_request=tools, output=output)
 
 
 def _response_format(value: Any) -> OutputFormat | None:

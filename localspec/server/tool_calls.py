@@ -18,12 +18,15 @@ Pure functions and one small state machine; nothing here touches HTTP or the eng
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from ..engine.structure import OutputFormat, SchemaError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
@@ -41,26 +44,57 @@ class ToolError(ValueError):
 
 
 # -- the request ---------------------------------------------------------------------------------
-def parse_tools(value: Any, choice: Any) -> tuple[dict[str, Any], ...]:
-    """The tools the model is shown: ``tools`` checked, or none where ``tool_choice`` is
-    "none" (the model is not to call one, so it is not told of them)."""
-    mode = _tool_choice(choice)
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """A request's tools: those the model is shown, the names one of which its answer must
+    call (``tool_choice`` "required" or a named function; empty: the model chooses), and
+    whether a forced answer may hold several calls (``parallel_tool_calls``)."""
+
+    tools: tuple[dict[str, Any], ...] = ()
+    forced: tuple[str, ...] = ()
+    parallel: bool = True
+
+
+def parse_tools(value: Any, choice: Any, parallel: Any = None) -> ToolRequest:
+    """The tools the model is shown (none where ``tool_choice`` is "none": the model is not
+    to call one, so it is not told of them) and the call ``tool_choice`` forces."""
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ToolError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
     if value is None:
-        return ()
-    if not isinstance(value, list):
+        tools: tuple[dict[str, Any], ...] = ()
+    elif not isinstance(value, list):
         raise ToolError("tools", "'tools' must be a list of {'type': 'function', 'function': "
                                  "{...}} objects")
-    tools = tuple(_tool(item, f"tools[{i}]") for i, item in enumerate(value))
-    return () if mode == "none" else tools
+    else:
+        tools = tuple(_tool(item, f"tools[{i}]") for i, item in enumerate(value))
+    mode = _tool_choice(choice, tools)
+    if mode == "none":
+        return ToolRequest()
+    forced = () if mode == "auto" else \
+        tuple(t["function"]["name"] for t in tools) if mode == "required" else (mode,)
+    return ToolRequest(tools, forced, parallel is not False)
 
 
-def _tool_choice(value: Any) -> str:
+def _tool_choice(value: Any, tools: Sequence[dict[str, Any]]) -> str:
+    """"auto", "none", "required", or the name of the function a call must be to."""
     if value is None or value in ("auto", "none"):
         return value or "auto"
     if value == "required" or isinstance(value, dict):
-        raise ToolError("tool_choice", "localspec does not support the parameter 'tool_choice' "
-                                       "at this value: only 'auto' and 'none' (it cannot force "
-                                       "a call)", unsupported=True)
+        if not tools:
+            raise ToolError("tool_choice", "'tool_choice' can force a call only to one of "
+                                           "the 'tools' offered, and none were")
+        if value == "required":
+            return "required"
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise ToolError("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' "
+                                           "or {'type': 'function', 'function': {'name': ...}}")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise ToolError("tool_choice.function.name",
+                            f"'tool_choice' names the function {name!r}, which is not among "
+                            "the 'tools' offered")
+        return name
     raise ToolError("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or an "
                                    "object naming a function")
 
@@ -152,6 +186,65 @@ def tool_format(template: str | None, model: str) -> ToolFormat:
 def _call_id(fmt: ToolFormat) -> str:
     # Mistral's templates refuse a call rendered back whose id is not 9 letters or digits.
     return uuid.uuid4().hex[:9] if fmt == "mistral" else "call_" + uuid.uuid4().hex[:24]
+
+
+# -- a forced call ------------------------------------------------------------------------------
+# Where tool_choice forces a call, the answer is held to a grammar of the forms read below: the
+# template's own tags (Qwen, Hermes) or the untagged JSON every format's reader takes, bare or
+# fenced. The model picks among them; the arguments are held to the tool's parameters. A format's
+# control tokens (Mistral's [TOOL_CALLS], Llama's <|python_tag|>) are left out: each vocabulary
+# names them differently, and the untagged JSON is read without them.
+_ARGUMENTS_KEY: dict[ToolFormat, str] = {"tagged": "arguments", "json": "parameters",
+                                         "mistral": "arguments"}
+# Whitespace in a call: a space, or a line break and some indent (llama.cpp's rule for JSON in its
+# grammars). Templates render calls back on one line, so a model writes them so; more only lets
+# a weak model fill max_tokens with blanks.
+_CALL_SPACE = r"(?: |\n[ \t]{0,20})?"
+
+
+def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
+    """What the answer must be where ``tool_choice`` forces a call: one call (several, where
+    ``parallel``) to a tool of ``request.forced``, in a form of ``fmt`` that this module reads
+    back; a ToolError names a tool whose parameters cannot hold arguments."""
+    key = _ARGUMENTS_KEY[fmt]
+    schemas = []
+    for i, tool in enumerate(request.tools):
+        fn = tool["function"]
+        if fn["name"] in request.forced:
+            schemas.append(_call_schema(fn, key, f"tools[{i}].function.parameters"))
+    call: dict[str, Any] = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
+    call["x-guidance"] = {"whitespace_pattern": _CALL_SPACE}
+    many = functools.partial(_many, parallel=request.parallel)
+    rules = {"start": "calls | \"```\" \"json\"? WS? calls WS? \"```\"",
+             "calls": many("call", 'WS? ";"? WS?')}
+    if fmt == "mistral":
+        rules["calls"] = '"[" WS? ' + many("call", 'WS? "," WS?') + ' WS? "]"'
+    if fmt == "tagged":
+        rules["start"] += " | " + many("tagged", "WS?")
+        rules["tagged"] = f'"{OPEN}" WS? call WS? "{CLOSE}"'
+    rules |= {"call": f"%json {json.dumps(call)}", "WS": r"/ |\n[ \t]{0,20}/"}
+    lark = "\n".join(f"{name}: {rule}" for name, rule in rules.items())
+    out = OutputFormat(lark=lark)
+    try:
+        out.check()
+    except SchemaError as exc:
+        raise ToolError("tools", f"the tools cannot be held to a call: {exc}") from None
+    return out
+
+
+def _many(item: str, separator: str, parallel: bool) -> str:
+    return f"{item} ({separator} {item})*" if parallel else item
+
+
+def _call_schema(fn: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+    """The JSON Schema of one call to ``fn``: its name, then arguments its parameters allow."""
+    parameters = fn.get("parameters") or {"type": "object"}
+    try:
+        OutputFormat(json.dumps(parameters)).check()
+    except (SchemaError, RecursionError) as exc:  # RecursionError: json.dumps of deep nesting
+        raise ToolError(where, f"'{where}' cannot hold a call's arguments: {exc}") from None
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, key: parameters},
+            "required": ["name", key], "additionalProperties": False}
 
 
 # -- the answer ----------------------------------------------------------------------------------
