@@ -26,6 +26,7 @@ from localspec.engine import (
     SpeculativeEngine,
 )
 from localspec.engine.calibration import Calibration
+from localspec.engine.drafters import DraftContext, HistoryDrafter
 from localspec.engine.history_index import HistoryIndex
 from localspec.engine.history_store import HistoryStore
 from localspec.errors import ConfigError, LocalspecError
@@ -91,6 +92,86 @@ def test_a_repeated_request_is_drafted_mostly_from_the_history(target_gguf: Path
     mine = by["history"]
     assert mine["accepted"] >= len(again) * 3 // 4, by
     assert mine["accepted"] == mine["drafted"]  # the same request: every token is right
+
+
+# -- resuming a copy where the target's text rejoins it -----------------------------------------
+OLD = list(range(100, 140))  # an earlier answer: 40 distinct tokens
+
+
+def _history_of(*docs: list[int]) -> HistoryStore:
+    store = HistoryStore.in_memory("v", max_tokens=1000)
+    for doc in docs:
+        store.index.add(doc)
+    return store
+
+
+def _drafts(store: HistoryStore, *steps: list[int], budget: int = 8) -> list[list[int]]:
+    """What one request's history drafter proposes at each of ``steps`` (the context so far,
+    step after step)."""
+    drafter = HistoryDrafter()
+    return [drafter.propose(DraftContext(seq=seq, history=store), budget).tokens
+            for seq in steps]
+
+
+@pytest.mark.parametrize(("change", "resumed_at"), [
+    ([999, OLD[13]], 14),  # one token replaced (a name renamed)
+    ([998, 999, OLD[12]], 13),  # two tokens put in (a word added)
+    ([999, OLD[14]], 15),  # two taken out and one put in
+])
+def test_a_copy_that_parts_is_resumed_where_the_target_rejoins_it(
+        change: list[int], resumed_at: int) -> None:
+    store = _history_of(OLD)
+    head = [1, 2, *OLD[:12]]
+    steps = [head[:k] for k in range(10, len(head) + 1)]
+    steps += [head + change[:k] for k in range(1, len(change) + 1)]
+    drafts = _drafts(store, *steps)
+    assert drafts[len(head) - 10] == OLD[12:20]  # copying
+    # The target's new tokens are in no earlier text: nothing matches the context's end.
+    assert all(d == [] for d in drafts[len(head) - 9:-1])
+    # Once it writes a token the earlier text holds just past the change, the copy goes on.
+    assert drafts[-1] == OLD[resumed_at:resumed_at + 8]
+    # Without the copy it followed, the same context's end matches nothing.
+    assert _drafts(store, steps[-1]) == [[]]
+
+
+def test_a_copy_is_resumed_only_near_where_it_parted() -> None:
+    store = _history_of(OLD)
+    head = [1, 2, *OLD[:12]]
+    new = list(range(500, 500 + HistoryDrafter.RESUME_WINDOW))  # a long passage of new text
+    steps = [head, *(head + new[:k] for k in range(1, len(new) + 1)),
+             head + new + [OLD[12]]]
+    assert _drafts(store, *steps)[-1] == []
+    # And a short match is no copy to resume: three tokens (the least a match takes) matched.
+    short = [7, *OLD[9:12]]
+    assert _drafts(store, short, short + [999], short + [999, OLD[13]])[-1] == []
+
+
+def test_greedy_output_is_the_targets_where_a_copy_parts_and_resumes(
+        quantized_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Earlier answers that are the target's own but for one token: each copy parts there and
+    resumes after it, and the text is the target's, in fewer passes than without resuming."""
+    target, _ = quantized_pairs["q4_k_m"]
+    passes = {}
+    for window in (HistoryDrafter.RESUME_WINDOW, 0):
+        store = HistoryStore.in_memory(history.vocabulary_id(target))
+        with SpeculativeEngine.load(target, None, ModelSettings(n_ctx=512),
+                                    history=store) as eng, pytest.MonkeyPatch.context() as mp:
+            plain = {p: _ask(eng, p, mode="none", history_on=False)[0] for p in PROMPTS}
+            for p, tokens in plain.items():
+                changed = list(tokens)
+                changed[N // 2] += 1  # the one change
+                store.record(eng.tokenize(p, chat=False), changed)
+            mp.setattr(HistoryDrafter, "RESUME_WINDOW", window)
+            passes[window] = 0
+            for p, tokens in plain.items():
+                eng.clear_caches()
+                done = eng.generate(GenerationRequest(
+                    prompt_tokens=eng.tokenize(p, chat=False), max_tokens=N,
+                    draft=DraftSettings(mode="history", k=8)))
+                assert done.tokens == tokens, (p, window)
+                passes[window] += done.stats.target_passes
+    resuming, not_resuming = passes.values()
+    assert resuming < not_resuming, passes
 
 
 def test_auto_takes_long_history_drafts_where_the_draft_model_does_not_pay(
