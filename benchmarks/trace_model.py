@@ -285,11 +285,11 @@ def candidates(requests: Sequence[dict[str, Any]],
     store = HistoryStore.in_memory()
     if warmup:
         store.record(warmup["prompt"], warmup["output"])
-    history = HistoryDrafter()
     out: list[list[list[Candidate]]] = []
     for r in requests:
         prompt, text = r["prompt"], r["output"]
-        lookup = PromptLookupDrafter()
+        # One of each per request, as in the engine (history's remembers where a copy parted).
+        history, lookup = HistoryDrafter(), PromptLookupDrafter()
         per: list[list[Candidate]] = []
         for p in range(1, len(text)):
             ctx = DraftContext(seq=prompt + text[:p], history=store)

@@ -199,7 +199,7 @@ _ARGUMENTS_KEY: dict[ToolFormat, str] = {"tagged": "arguments", "json": "paramet
 # Whitespace in a call: a space, or a line break and some indent (llama.cpp's rule for JSON in its
 # grammars). Templates render calls back on one line, so a model writes them so; more only lets
 # a weak model fill max_tokens with blanks.
-_CALL_SPACE = r"(?: |\n[ \t]{0,20})?"
+_CALL_SPACE = r" |\n[ \t]{0,20}"
 
 
 def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
@@ -213,7 +213,7 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
         if fn["name"] in request.forced:
             schemas.append(_call_schema(fn, key, f"tools[{i}].function.parameters"))
     call: dict[str, Any] = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
-    call["x-guidance"] = {"whitespace_pattern": _CALL_SPACE}
+    call["x-guidance"] = {"whitespace_pattern": f"(?:{_CALL_SPACE})?"}
     many = functools.partial(_many, parallel=request.parallel)
     rules = {"start": "calls | \"```\" \"json\"? WS? calls WS? \"```\"",
              "calls": many("call", 'WS? ";"? WS?')}
@@ -222,7 +222,7 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
     if fmt == "tagged":
         rules["start"] += " | " + many("tagged", "WS?")
         rules["tagged"] = f'"{OPEN}" WS? call WS? "{CLOSE}"'
-    rules |= {"call": f"%json {json.dumps(call)}", "WS": r"/ |\n[ \t]{0,20}/"}
+    rules |= {"call": f"%json {json.dumps(call)}", "WS": f"/{_CALL_SPACE}/"}
     lark = "\n".join(f"{name}: {rule}" for name, rule in rules.items())
     out = OutputFormat(lark=lark)
     try:
