@@ -484,13 +484,15 @@ def test_tool_choice_names_what_a_call_is_forced_to() -> None:
 def test_calls_are_read_out_of_the_text_around_them() -> None:
     text = ('Two calls.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
             '<tool_call>{"name": "b", "parameters": {"y": "é"}}</tool_call>')
-    content, calls = split_tool_calls(text)
+    content, calls = split_tool_calls(text, {"a", "b"})
     assert content == "Two calls."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] \
         == [("a", {"x": 1}), ("b", {"y": "é"})]
     assert len({c["id"] for c in calls}) == 2
     # The answer ended (EOS or max_tokens) before the closing tag: a whole call still counts.
-    assert split_tool_calls('<tool_call>{"name": "a", "arguments": {}}')[0] is None
+    assert split_tool_calls('<tool_call>{"name": "a", "arguments": {}}', {"a"})[0] is None
+    # A call to a tool that was not offered is no call a client could run: the text is content.
+    assert split_tool_calls(text, {"a"}) == (text, [])
 
 
 def test_an_answer_that_is_one_call_to_an_offered_tool_needs_no_tags() -> None:
@@ -561,7 +563,7 @@ def test_text_that_is_not_calls_is_all_content(text: str) -> None:
 
 
 def test_a_stream_sends_text_up_to_a_call_and_holds_a_tag_split_across_chunks() -> None:
-    stream = ToolCallStream()
+    stream = ToolCallStream({"f"})
     pieces = ["Let me ", "check. <tool", "_call>", '{"name": "f", ', '"arguments": {}}',
               "</tool_call>"]
     sent = [stream.feed(p) for p in pieces]
@@ -585,6 +587,7 @@ def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -
     '{"arguments": {"a": 1}, "name": "f"}',  # the keys in another order
     '```json\n{"name": "f", "arguments": {}}\n```',
     '{"name": "g", "arguments": {}}',  # not an offered tool
+    '<tool_call>{"name": "g", "arguments": {}}</tool_call>',  # nor in tags
     "```python\nprint(1)\n```",
     '[{"name": "f", "arguments": {"a": 1}}]',
     'f{"a": 1}',
@@ -593,8 +596,8 @@ def test_a_stream_holds_an_answer_while_its_start_may_be_a_call_without_tags() -
     '```json\nf{"a": 1}\n```',
     '<|python_tag|>[TOOL_CALLS]{"name": "f", "arguments": {}}',
     'my tool {"a": 1}',  # an offered name with a space in it
-], ids=["tags", "keys-reordered", "fenced", "not-offered", "code", "array", "name-args", "link",
-        "a-name's-start", "fenced-name-args", "both-prefixes", "spaced-name"])
+], ids=["tags", "keys-reordered", "fenced", "not-offered", "tagged-not-offered", "code", "array",
+        "name-args", "link", "a-name's-start", "fenced-name-args", "both-prefixes", "spaced-name"])
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 def test_streamed_and_whole_answers_read_the_same_calls(text: str, size: int) -> None:
     names = {"f", "my tool"}

@@ -8,7 +8,9 @@ them, a JSON object ``{"name": ..., "arguments": ...}`` between ``<tool_call>`` 
 ``</tool_call>``; Llama 3.1-3.3, such an object (with ``"parameters"``) as the whole answer;
 and Mistral's, a ``[TOOL_CALLS]`` token and a JSON array of them. Any of these forms is read
 whatever the template (Qwen2.5-Coder writes the untagged one under its own). A call without
-tags counts only as the whole answer and only for a tool that was offered. A template that does
+tags counts only as the whole answer; any call, only to a tool that was offered. Where
+``tool_choice`` forces a call, the answer is held to a grammar of these forms
+(``forced_calls``). A template that does
 not take tools, or asks for calls in another format, is a 400 naming it, so a client never
 believes a tool was offered to a model that was not shown it. Text that does not parse as calls
 is answered as text: nothing the model wrote is dropped.
@@ -262,12 +264,13 @@ _DECODER = json.JSONDecoder()
 def split_tool_calls(text: str, names: Collection[str] = (), fmt: ToolFormat = "tagged"
                      ) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's content (None where only calls were written) and its calls in OpenAI's
-    shape: ``<tool_call>`` blocks, or an answer that is nothing but calls to tools of ``names``
-    (see above). Where any block is not a call's JSON, the whole text is content."""
+    shape: ``<tool_call>`` blocks, or an answer that is nothing but calls (see above), each to
+    a tool of ``names``. Where any block is not a call's JSON, or calls a tool that was not
+    offered (which no client could run), the whole text is content."""
     calls = []
     for match in _CALL.finditer(text):
         call = _call(match.group(1), fmt)
-        if call is None:
+        if call is None or call["function"]["name"] not in names:
             return text, []
         calls.append(call)
     if calls:
