@@ -468,6 +468,24 @@ def test_a_named_function_forbids_calls_to_the_others(tiny_vocab: Any) -> None:
     assert _allowed(tiny_vocab, out, '{"name": "ping", "arguments": {"any": [1, "x"]}}')
 
 
+def test_a_forced_calls_arguments_keep_their_own_schema(tiny_vocab: Any) -> None:
+    """A tool's "$ref"s resolve in its own parameters (as pydantic writes them), arguments
+    are an object whatever the parameters leave out, and a name is matched as written."""
+    refs = {"type": "function", "function": {"name": 'say "hi"', "parameters": {
+        "$defs": {"Mood": {"enum": ["glad", "sad"]}},
+        "properties": {"mood": {"$ref": "#/$defs/Mood"}}, "required": ["mood"]}}}
+    out = forced_calls(ToolRequest((refs,), ('say "hi"',)), "tagged")
+    good = '{"name": "say \\"hi\\"", "arguments": {"mood": "glad"}}'
+    assert _allowed(tiny_vocab, out, good)
+    assert split_tool_calls(good, {'say "hi"'})[1][0]["function"]["name"] == 'say "hi"'
+    assert not _allowed(tiny_vocab, out, good.replace("glad", "mad"))
+    assert not _allowed(tiny_vocab, out, '{"name": "say \\"hi\\"", "arguments": "glad"}')
+    text = {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+    with pytest.raises(ToolError) as info:
+        forced_calls(ToolRequest((text,), ("f",)), "tagged")
+    assert info.value.param == "tools[0].function.parameters"
+
+
 def test_tool_choice_names_what_a_call_is_forced_to() -> None:
     def parse(**fields: Any) -> ToolRequest:
         return parse_request({"messages": ASK, "tools": [CITY, TIME], **fields}, "chat",

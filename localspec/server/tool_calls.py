@@ -208,14 +208,6 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
     """What the answer must be where ``tool_choice`` forces a call: one call (several, where
     ``parallel``) to a tool of ``request.forced``, in a form of ``fmt`` that this module reads
     back; a ToolError names a tool whose parameters cannot hold arguments."""
-    key = _ARGUMENTS_KEY[fmt]
-    schemas = []
-    for i, tool in enumerate(request.tools):
-        fn = tool["function"]
-        if fn["name"] in request.forced:
-            schemas.append(_call_schema(fn, key, f"tools[{i}].function.parameters"))
-    call: dict[str, Any] = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
-    call["x-guidance"] = {"whitespace_pattern": f"(?:{_CALL_SPACE})?"}
     many = functools.partial(_many, parallel=request.parallel)
     rules = {"start": "calls | \"```\" \"json\"? WS? calls WS? \"```\"",
              "calls": many("call", 'WS? ";"? WS?')}
@@ -224,7 +216,20 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
     if fmt == "tagged":
         rules["start"] += " | " + many("tagged", "WS?")
         rules["tagged"] = f'"{OPEN}" WS? call WS? "{CLOSE}"'
-    rules |= {"call": f"%json {json.dumps(call)}", "WS": f"/{_CALL_SPACE}/"}
+    # Each call spelled out, its arguments a schema of their own: a tool's "$ref"s point into
+    # its parameters, which would not resolve nested inside a call's schema.
+    key = json.dumps(json.dumps(_ARGUMENTS_KEY[fmt]))
+    calls = []
+    for i, tool in enumerate(request.tools):
+        fn = tool["function"]
+        if fn["name"] in request.forced:
+            name = json.dumps(json.dumps(fn["name"], ensure_ascii=False), ensure_ascii=False)
+            rules[f"call_{i}"] = (f'"{{" WS? "\\"name\\"" WS? ":" WS? {name} WS? "," WS? '
+                                  f'{key} WS? ":" WS? arguments_{i} WS? "}}"')
+            rules[f"arguments_{i}"] = "%json " + json.dumps(
+                _arguments_schema(fn, f"tools[{i}].function.parameters"))
+            calls.append(f"call_{i}")
+    rules |= {"call": " | ".join(calls), "WS": f"/{_CALL_SPACE}/"}
     lark = "\n".join(f"{name}: {rule}" for name, rule in rules.items())
     out = OutputFormat(lark=lark)
     try:
@@ -238,15 +243,18 @@ def _many(item: str, separator: str, parallel: bool) -> str:
     return f"{item} ({separator} {item})*" if parallel else item
 
 
-def _call_schema(fn: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
-    """The JSON Schema of one call to ``fn``: its name, then arguments its parameters allow."""
-    parameters = fn.get("parameters") or {"type": "object"}
+def _arguments_schema(fn: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The schema a call's arguments to ``fn`` are held to: its parameters, as an object (a
+    client parses arguments as one), with a call's whitespace unless they say otherwise."""
+    parameters = dict(fn.get("parameters") or {"type": "object"})
+    if parameters.setdefault("type", "object") != "object":
+        raise ToolError(where, f"'{where}' must describe an object: a call's arguments are one")
+    parameters.setdefault("x-guidance", {"whitespace_pattern": f"(?:{_CALL_SPACE})?"})
     try:
         OutputFormat(json.dumps(parameters)).check()
     except (SchemaError, RecursionError) as exc:  # RecursionError: json.dumps of deep nesting
         raise ToolError(where, f"'{where}' cannot hold a call's arguments: {exc}") from None
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, key: parameters},
-            "required": ["name", key], "additionalProperties": False}
+    return parameters
 
 
 # -- the answer ----------------------------------------------------------------------------------
