@@ -45,13 +45,6 @@ class _Copy:
             return None
         return _Copy(self.start + m, self.tokens[m:], self.marks[m:])
 
-    def rest(self, seq: Sequence[int]) -> _Copy | None:
-        """What this copy goes on with after ``seq`` (which still follows it); None where
-        nothing is left."""
-        done = len(seq) - self.start
-        return _Copy(len(seq), self.tokens[done:], self.marks[done:]) \
-            if done < len(self.tokens) else None
-
 
 class HistoryDrafter(Drafter):
     """Proposes the continuation of the longest match of the context's end in the engine's
@@ -85,8 +78,7 @@ class HistoryDrafter(Drafter):
     TAIL = 64 + RESUME_WINDOW
 
     def __init__(self) -> None:
-        self._copy: _Copy | None = None  # the last confident copy proposed, or a resumed one
-        self._resumed_copy = False  # whether that copy is a resumed one
+        self._copy: _Copy | None = None  # the last confident copy proposed
         self._parted: _Copy | None = None  # where the last copy parted, and what followed
 
     def propose(self, ctx: DraftContext, budget: int) -> Proposal:
@@ -97,18 +89,14 @@ class HistoryDrafter(Drafter):
         # after the draft was a near-tie, and the rest is what a copy that parts resumes from.
         found = ctx.history.lookup(ctx.seq, max(budget + 1, self.TAIL))
         confidences = self._confidences(found) if found is not None else []
-        if found is not None and confidences[0] >= self.COPY_CONFIDENCE:
-            self._copy, self._resumed_copy = _Copy(len(ctx.seq), found.tokens, found.marks), False
-        else:
-            # A resumed copy still followed goes on; else one may resume where this parted.
-            resumed = self._copy.rest(ctx.seq) if self._copy is not None and \
-                self._resumed_copy else self._resumed(ctx.seq)
-            if resumed is not None:
-                # Followed like any copy: where it parts again (a later change), it resumes.
-                self._copy, self._resumed_copy, self._parted = resumed, True, None
-                return self._proposal(list(resumed.tokens),
-                                      [self.RESUME_CONFIDENCE] * len(resumed.tokens),
-                                      resumed.marks, budget)
+        if found is not None and confidences and confidences[0] >= self.COPY_CONFIDENCE:
+            self._copy = _Copy(len(ctx.seq), found.tokens, found.marks)
+        resumed = self._resumed(ctx.seq)
+        if resumed is not None and (not confidences or confidences[0] < self.COPY_CONFIDENCE):
+            self._copy = resumed  # where it parts again, a later change, it resumes from there
+            return self._proposal(list(resumed.tokens),
+                                  [self.RESUME_CONFIDENCE] * len(resumed.tokens),
+                                  resumed.marks, budget)
         if found is None:
             return Proposal(source=self.name)
         n = next((i for i, share in enumerate(found.agreement)
@@ -134,7 +122,7 @@ class HistoryDrafter(Drafter):
     def _follow(self, seq: Sequence[int]) -> None:
         """Note where the last copy parted from what the target wrote since it was proposed."""
         if self._copy is not None and (parted := self._copy.parted(seq)) is not None:
-            self._parted, self._copy, self._resumed_copy = parted, None, False
+            self._parted, self._copy = parted, None
 
     def _resumed(self, seq: Sequence[int]) -> _Copy | None:
         """The parted copy from just past where the target's last token rejoins it, within
@@ -157,9 +145,8 @@ class HistoryDrafter(Drafter):
         if request.nodes <= 0 or request.depth <= 0 or ctx.history is None:
             return out
         found = ctx.history.lookup_tree(ctx.seq, request.depth, request.nodes)
-        if found is None:  # no match: a chain, which may resume a copy that parted
-            return self.propose(ctx, min(request.depth, request.nodes))
-        self._follow(ctx.seq)
+        if found is None:
+            return out
         length = self._discount(found.match_length)
         trie = Proposal(source=self.name, tokens=list(found.tokens),
                         confidences=[share * length for share in found.shares],
