@@ -89,10 +89,11 @@ class HistoryDrafter(Drafter):
         # after the draft was a near-tie, and the rest is what a copy that parts resumes from.
         found = ctx.history.lookup(ctx.seq, max(budget + 1, self.TAIL))
         confidences = self._confidences(found) if found is not None else []
-        if found is not None and confidences and confidences[0] >= self.COPY_CONFIDENCE:
+        confident = bool(confidences) and confidences[0] >= self.COPY_CONFIDENCE
+        if found is not None and confident:
             self._copy = _Copy(len(ctx.seq), found.tokens, found.marks)
-        resumed = self._resumed(ctx.seq)
-        if resumed is not None and (not confidences or confidences[0] < self.COPY_CONFIDENCE):
+        resumed = None if confident else self._resumed(ctx.seq)
+        if resumed is not None:
             self._copy = resumed  # where it parts again, a later change, it resumes from there
             return self._proposal(list(resumed.tokens),
                                   [self.RESUME_CONFIDENCE] * len(resumed.tokens),
@@ -128,9 +129,9 @@ class HistoryDrafter(Drafter):
         """The parted copy from just past where the target's last token rejoins it, within
         the window; None where it does not."""
         parted = self._parted
-        if parted is None or not 0 < len(seq) - parted.start <= self.RESUME_WINDOW:
+        since = len(seq) - parted.start if parted is not None else 0
+        if parted is None or not 0 < since <= self.RESUME_WINDOW:
             return None
-        since = len(seq) - parted.start
         last = seq[-1]
         for k in range(1, min(len(parted.tokens), since + self.RESUME_LEAD)):
             if parted.tokens[k - 1] == last:
