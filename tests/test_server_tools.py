@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from localspec.engine import ModelSettings, SpeculativeEngine
+from localspec.engine import DraftSettings, GenerationRequest, ModelSettings, SpeculativeEngine
 from localspec.engine.structure import vocabulary_tokenizer
 from localspec.models.tiny import _WORDS, TinyModelSpec, write_tiny_model
 from localspec.server import ServerConfig
@@ -23,10 +23,13 @@ from localspec.server.app import create_app
 from localspec.server.openai_schema import ApiError, parse_request
 from localspec.server.running import BackgroundServer
 from localspec.server.tool_calls import (
+    CLOSE,
+    OPEN,
     ToolCallStream,
     ToolError,
     ToolFormat,
     ToolRequest,
+    call_tags,
     forced_calls,
     split_tool_calls,
     tool_format,
@@ -272,6 +275,57 @@ def test_a_named_function_is_the_one_called(tmp_path: Path) -> None:
             (call,) = calls
             assert reason == "tool_calls" and call.function.name == name
             assert set(json.loads(call.function.arguments)) == {key}
+
+
+# Qwen's and Hermes' vocabularies hold the tags as tokens of their own. A tiny model of that kind,
+# scripted to call in them (the second tool, its second zone: not the grammar's first choices).
+TAG_SCRIPT = (OPEN, '{"name":', '"get_time",', '"arguments":', '{"zone":', '"CET"}}', CLOSE)
+
+
+def _tag_token_model(folder: Path) -> Path:
+    words = tuple(_WORDS) + tuple(w for w in TAG_SCRIPT if w not in (OPEN, CLOSE))
+    spec = TinyModelSpec(seed=3, words=words, script=TAG_SCRIPT, added_tokens=(OPEN, CLOSE),
+                         metadata=(("tokenizer.chat_template", TOOLS_TEMPLATE),))
+    return write_tiny_model(folder / "tag-tokens.gguf", spec)
+
+
+def test_a_forced_call_is_written_in_the_vocabularys_own_tag_tokens(tmp_path: Path) -> None:
+    """The model's own answer is a call in its tag tokens; forced, it writes that answer, not
+    the tags spelled out or the untagged form."""
+    with SpeculativeEngine.load(_tag_token_model(tmp_path), None,
+                                ModelSettings(n_ctx=512)) as eng:
+        tags = call_tags(eng.target.special_token)
+        assert tags is not None
+        assert [eng.target.tokenize(t, add_bos=False) for t in (OPEN, CLOSE)] == \
+            [[tags[0]], [tags[1]]]
+
+        def answer(output: Any) -> str:
+            return eng.generate(GenerationRequest(
+                prompt_tokens=eng.tokenize("the", chat=False), max_tokens=40,
+                draft=DraftSettings(mode="none"), output=output)).text
+
+        own = answer(None)
+        assert own.lstrip().startswith(OPEN) and own.rstrip().endswith(CLOSE)
+        forced = forced_calls(ToolRequest((CITY, TIME), ("get_weather", "get_time"), False),
+                              "tagged", tags)
+        assert answer(forced) == own
+
+
+def test_tags_spelled_in_plain_pieces_are_not_tag_tokens(target_gguf: Path) -> None:
+    with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)) as eng:
+        assert call_tags(eng.target.special_token) is None
+        assert eng.target.special_token("</s>") == 2  # a control token is one
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_required_call_in_tag_tokens_comes_back_as_the_model_made_it(
+        tmp_path: Path, stream: bool) -> None:
+    with _serving(_tag_token_model(tmp_path), n_ctx=2048) as api:
+        content, calls, reason = _answer(api, stream, tools=[CITY, TIME], tool_choice="required")
+        (call,) = calls
+        assert (content, reason) == ("", "tool_calls")
+        assert (call.function.name, json.loads(call.function.arguments)) == \
+            ("get_time", {"zone": "CET"})
 
 
 def test_tools_whose_parameters_cannot_hold_a_call_are_400_naming_them(

@@ -450,6 +450,15 @@ class LlamaRunner:
         self._pieces[token] = data
         return data
 
+    def special_token(self, text: str) -> int | None:
+        """The one control or user-defined token spelled ``text`` (a template's tag, such as
+        Qwen's ``<tool_call>``), or None where this vocabulary writes it as plain text."""
+        ids = self.tokenize(text, add_bos=False, special=True)
+        if len(ids) != 1:
+            return None
+        kinds = self._lib.LLAMA_TOKEN_ATTR_CONTROL | self._lib.LLAMA_TOKEN_ATTR_USER_DEFINED
+        return ids[0] if self._lib.llama_vocab_get_attr(self._vocab, ids[0]) & kinds else None
+
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
 

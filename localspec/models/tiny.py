@@ -70,6 +70,9 @@ class TinyModelSpec:
     # token, then EOS: a real model whose answer is known, for what reads answers (a server
     # parsing tool calls). Its blocks add nothing, so each position's logits are its token's.
     script: tuple[str, ...] = ()
+    # Tokens matched whole wherever they appear, as a template's tags are (Qwen's
+    # ``<tool_call>``): written as user-defined tokens after the words. A script may name them.
+    added_tokens: tuple[str, ...] = ()
 
 
 def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
@@ -86,6 +89,9 @@ def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
     types += [TokenType.NORMAL] * len(pieces)
     # Longer pieces score higher so the SPM merge prefers whole words.
     scores = [0.0] * (len(tokens) - len(pieces)) + [float(len(p)) for p in pieces]
+    tokens += spec.added_tokens
+    types += [TokenType.USER_DEFINED] * len(spec.added_tokens)
+    scores += [0.0] * len(spec.added_tokens)
     return tokens, scores, [int(t) for t in types]
 
 
@@ -124,7 +130,8 @@ def _scripted(w: dict[str, np.ndarray], spec: TinyModelSpec, rng: np.random.Gene
     last one's, EOS's). Rows are unit vectors times a scale that leaves the next word's logit
     far above any other (random 64-dimensional directions overlap by ~1/8)."""
     tokens, _, _ = vocabulary(spec)
-    ids = [tokens.index("▁" + word) for word in spec.script]
+    ids = [tokens.index(word if word in spec.added_tokens else "▁" + word)
+           for word in spec.script]
     if len(set(ids)) != len(ids):
         raise ValueError("a script's words must differ: the next word follows from the last")
     for name in w:

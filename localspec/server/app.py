@@ -54,7 +54,7 @@ from .openai_schema import (
     usage_chunk,
 )
 from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
-from .tool_calls import ToolCallStream, ToolError, ToolFormat, forced_calls, tool_format
+from .tool_calls import ToolCallStream, ToolError, ToolFormat, call_tags, forced_calls, tool_format
 
 if TYPE_CHECKING:
     from ..engine.decoder import GenerationRequest, SpeculativeEngine
@@ -348,7 +348,8 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
         try:
             fmt = tool_format(engine.target.chat_template, model)
             if parsed.tool_request.forced:
-                parsed = replace(parsed, output=forced_calls(parsed.tool_request, fmt))
+                tags = call_tags(engine.target.special_token) if fmt == "tagged" else None
+                parsed = replace(parsed, output=forced_calls(parsed.tool_request, fmt, tags))
         except ToolError as exc:
             raise tool_error(exc) from None
     options = request_options(parsed, state.config)

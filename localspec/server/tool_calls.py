@@ -24,7 +24,7 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -204,10 +204,12 @@ _ARGUMENTS_KEY: dict[ToolFormat, str] = {"tagged": "arguments", "json": "paramet
 _CALL_SPACE = r" |\n[ \t]{0,20}"
 
 
-def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
+def forced_calls(request: ToolRequest, fmt: ToolFormat,
+                 tags: tuple[int, int] | None = None) -> OutputFormat:
     """What the answer must be where ``tool_choice`` forces a call: one call (several, where
     ``parallel``) to a tool of ``request.forced``, in a form of ``fmt`` that this module reads
-    back; a ToolError names a tool whose parameters cannot hold arguments."""
+    back; a ToolError names a tool whose parameters cannot hold arguments. ``tags``: the
+    vocabulary's own tokens for the two tags, where it has them (see ``call_tags``)."""
     many = functools.partial(_many, parallel=request.parallel)
     rules = {"start": "calls | \"```\" \"json\"? WS? calls WS? \"```\"",
              "calls": many("call", 'WS? ";"? WS?')}
@@ -215,7 +217,10 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
         rules["calls"] = '"[" WS? ' + many("call", 'WS? "," WS?') + ' WS? "]"'
     if fmt == "tagged":
         rules["start"] += " | " + many("tagged", "WS?")
-        rules["tagged"] = f'"{OPEN}" WS? call WS? "{CLOSE}"'
+        opened, closed = f'"{OPEN}"', f'"{CLOSE}"'
+        if tags:  # the vocabulary's own tokens, or the tags in pieces: whichever the model likes
+            opened, closed = f"({opened} | <[{tags[0]}]>)", f"({closed} | <[{tags[1]}]>)"
+        rules["tagged"] = f"{opened} WS? call WS? {closed}"
     # Each call spelled out, its arguments a schema of their own: a tool's "$ref"s point into
     # its parameters, which would not resolve nested inside a call's schema.
     key = json.dumps(json.dumps(_ARGUMENTS_KEY[fmt]))
@@ -237,6 +242,15 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat) -> OutputFormat:
     except SchemaError as exc:
         raise ToolError("tools", f"the tools cannot be held to a call: {exc}") from None
     return out
+
+
+def call_tags(special_token: Callable[[str], int | None]) -> tuple[int, int] | None:
+    """The tokens a vocabulary spells the two tags with, where both are its own (Qwen's and
+    Hermes' are). A grammar's literal text is never written as such a token (llguidance
+    keeps those for a grammar that names them), so without them a forced call could have its
+    tags only in pieces, not as the model's template writes them."""
+    opened, closed = special_token(OPEN), special_token(CLOSE)
+    return (opened, closed) if opened is not None and closed is not None else None
 
 
 def _many(item: str, separator: str, parallel: bool) -> str:
