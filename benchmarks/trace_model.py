@@ -157,9 +157,9 @@ def logged_steps(log: list[list[Step]]) -> Iterator[None]:
         log[-1].append((prop.source, len(prop.tokens), n_accepted))
         saved["observe"](self, prop, n_verified, n_accepted, tied)
 
-    def plain(self: Any, tied: bool | None = None) -> None:
+    def plain(self: Any, tied: bool | None = None, token: int | None = None) -> None:
         log[-1].append(("plain", 0, 0))
-        saved["observe_plain_step"](self, tied)
+        saved["observe_plain_step"](self, tied, token)
 
     def tree(self: Any, prop: Any, path: Sequence[int], choices: Sequence[Any]) -> None:
         log[-1].append((prop.source + " tree", len(prop.tokens), len(path)))

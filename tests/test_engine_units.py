@@ -694,6 +694,40 @@ def test_an_unproven_free_drafters_copy_risks_little_until_the_request_bears_it_
     assert not lookup.trusted and ctl.trim(long_copy()) == cap
 
 
+def test_an_unproven_copy_capped_short_of_paying_is_scored_at_plain_steps() -> None:
+    """Where 2 tokens cost 2 passes (Q4_K_M on a 2-core AVX-512 CPU) the cap leaves an
+    unproven copy nothing worth verifying, so it was never checked and never proven. A plain
+    step scores the first token of each unproven proposal against the token it wrote: the
+    request's own evidence, for or against, without verifying anything."""
+    steeper = {1: 0.05, 2: 0.10, 3: 0.13, 8: 0.30, 16: 0.35, 32: 0.47, 64: 0.85}
+
+    def request() -> tuple[DraftController, AcceptanceModel]:
+        ctl = DraftController(CostModel.from_measurements(steeper, 8, 0.01), 8)
+        return ctl, ctl.acceptance["history"]
+
+    def copy() -> Proposal:
+        return Proposal("history", tokens=list(range(100, 140)), confidences=[0.95] * 40)
+
+    ctl, acc = request()
+    assert acc.unproven and ctl.unproven_cap() == 1 and ctl.trim(copy()) == 0
+    ctl.shadow(copy())
+    ctl.observe_plain_step(tied=True, token=100)  # a near-tie: verifying decides nothing
+    ctl.shadow(copy())
+    ctl.observe(_copy(), 1, 1)  # a step that drafted: its own outcome teaches
+    ctl.observe_plain_step(tied=False, token=100)
+    assert acc.unproven
+    for _ in range(acc.EARLY):
+        ctl.shadow(copy())
+        ctl.observe_plain_step(tied=False, token=100)
+    assert not acc.unproven and ctl.trim(copy()) >= 16
+    ctl, acc = request()  # a request whose copies' first tokens the target does not write
+    for _ in range(acc.EARLY):
+        ctl.shadow(copy())
+        ctl.observe_plain_step(tied=False, token=7)
+    assert not acc.unproven and ctl.trim(copy()) == 0
+    assert acc.estimate(0.95) == pytest.approx(0.95)  # the pooled bins learn only drafts
+
+
 def test_on_a_flat_curve_an_unproven_copy_is_not_capped() -> None:
     """Where a wide pass costs little more than a narrow one (a GPU), a rejected copy costs
     little: the cap is the free drafters' longest draft."""

@@ -189,12 +189,31 @@ def test_auto_takes_long_history_drafts_where_the_draft_model_does_not_pay(
     for tokens, _ in results:
         assert tokens == plain
     _, by = results[-1]
-    assert by.get("history", {}).get("accepted", 0) >= len(plain) // 2, by
+    assert by.get("history", {}).get("accepted", 0) >= len(plain) // 3, by
     assert by.get("model", {}).get("drafted", 0) <= by["history"]["drafted"] // 4, by
     rounds, accepted = by["history"]["rounds"], by["history"]["accepted"]
     # Long drafts, not a token at a time, once the history's own acceptance model has seen
     # its drafts accepted (it starts from a prior of 0.5).
     assert accepted / rounds >= 4, by
+
+
+def test_an_unproven_history_is_proven_at_plain_steps_where_its_capped_copy_cannot_pay(
+        quantized_pairs: dict[str, tuple[Path, Path]]) -> None:
+    # The curve of Q4_K_M on a 2-core AVX-512 CPU: two tokens cost two passes, 32 cost 9.5.
+    # Until a request bears its drafter out, a copy is capped at what a rejection may cost
+    # (UNPROVEN_LOSS): here one token, which never pays, so the copy was never verified,
+    # never proven, and auto decoded the repeated answer plainly to its end.
+    steep = Calibration({1: 0.010, 2: 0.020, 3: 0.026, 8: 0.060, 16: 0.070, 32: 0.095,
+                         64: 0.17}, 0.005, 0.0)
+    target, draft = quantized_pairs["q4_k_m"]
+    store = HistoryStore.in_memory(history.vocabulary_id(target))
+    with SpeculativeEngine.load(target, draft, ModelSettings(n_ctx=512), history=store) as eng:
+        eng.use_calibration(steep, learn=False)
+        plain, _ = _ask(eng, PROMPTS[3], mode="none")  # recorded: the history has it now
+        again, by = _ask(eng, PROMPTS[3], mode="model", k=None)
+    assert again == plain
+    # Its first tokens, scored at plain steps against the target's, prove it within EARLY.
+    assert by.get("history", {}).get("accepted", 0) >= len(plain) // 3, by
 
 
 def test_a_copy_runs_past_k_max_where_the_measured_passes_make_it_pay(

@@ -412,6 +412,17 @@ class AcceptanceModel:
             self._observed = True
             self._update()
 
+    def observe_undrafted(self, conf: float, accepted: bool) -> None:
+        """A proposal's first token, not drafted, against the token a plain step wrote there:
+        a fair draw of whether it would have been accepted (a plain step picks or samples the
+        target's token as verifying would test it). It counts toward this request's check of
+        the bins (EARLY, request_estimate), not the bins: those learn from drafted tokens."""
+        hit = 1.0 if accepted else 0.0
+        predicted = self.estimate(conf)
+        self._calib_hits = self.DECAY * self._calib_hits + hit
+        self._calib_expected = self.DECAY * self._calib_expected + predicted
+        self._observe_early(hit, predicted)
+
     def teach(self, depth: int, predicted: float) -> None:
         """A drafted token dropped unverified: its predicted acceptance stands in for it."""
         self._count(depth, predicted)
@@ -747,6 +758,9 @@ class DraftController:
         self._trees: dict[tuple[object, ...], TreePlan | None] = {}
         self.tree_pauses = tree_pauses or TreePauses()
         self._unproven_cap: int | None = None
+        # This step's unproven free proposals, (drafter, first token, its confidence): see
+        # shadow.
+        self._shadows: list[tuple[str, int, float]] = []
 
     @property
     def model_acc(self) -> AcceptanceModel:
@@ -1032,6 +1046,7 @@ class DraftController:
         and confidence as a chain of them would have; the other guesses below accepted
         parents teach the confidence bins and the rank rates."""
         self.peeks.streak = 0
+        self._shadows.clear()  # a step that drafted: its own outcomes teach
         tied = bool(choices) and choices[-1] is None
         self.ties.observe(len(path) + 1, tied)
         acc = self.acceptance[prop.source]
@@ -1073,6 +1088,7 @@ class DraftController:
         ``n_accepted`` tokens, then rejected one or (``tied``) met a near-tie it left undecided;
         only ``n_verified`` drafted tokens count for acceptance (a tie is neither)."""
         self.peeks.streak = 0
+        self._shadows.clear()
         self.ties.observe(n_accepted + 1, tied)
         if prop.marks:
             self.ties.observe_marked(prop.marks, n_accepted + 1, tied)
@@ -1087,9 +1103,26 @@ class DraftController:
             acc.end_request()
         self.ties.end_request()
 
-    def observe_plain_step(self, tied: bool | None = None) -> None:
+    def shadow(self, prop: Proposal) -> None:
+        """A free drafter's proposal this step, which may go undrafted. While its drafter is
+        unproven, a plain step scores its first token against the target's (see
+        observe_plain_step). Else on a steep curve (a compute-bound target, 2 tokens at 2
+        passes) an unproven copy is capped short of ever paying, so never verified, so never
+        proven: auto decoded plainly beside copies the target went on to write, for whole
+        requests (benchmarks/README.md, 2026-12-08)."""
+        if prop.tokens and len(prop.confidences) == len(prop.tokens) and \
+                self.acceptance[prop.source].unproven:
+            self._shadows.append((prop.source, prop.tokens[0], prop.confidences[0]))
+
+    def observe_plain_step(self, tied: bool | None = None, token: int | None = None) -> None:
         """A step that drafted nothing; ``tied``: whether its position was a near-tie (None:
-        not measured, e.g. the position a near-tie left, counted already)."""
+        not measured, e.g. the position a near-tie left, counted already); ``token``: the
+        token it wrote, which the step's shadowed proposals are scored against (at a near-tie
+        verifying would have stopped, deciding nothing)."""
+        shadows, self._shadows = self._shadows, []
+        if token is not None and tied is not True:
+            for source, first, conf in shadows:
+                self.acceptance[source].observe_undrafted(conf, first == token)
         if tied is not None:
             self.ties.observe(1, tied)
         self.model_acc.relax()

@@ -568,7 +568,7 @@ class SpeculativeEngine:
                 run.stats.count_round(prop.source, k, n_acc)
                 run.by_name[prop.source].observe(prop, n_acc)
             else:
-                controller.observe_plain_step(tied=run.plain_tie)
+                controller.observe_plain_step(tied=run.plain_tie, token=nxt)
             run.stats.k_counts[k] += 1
             new = prop.tokens[:n_acc] + ([nxt] if nxt is not None else [])
             yield from self._emit(run, new, n_drafted=n_acc, mark=mark)
@@ -778,6 +778,7 @@ class SpeculativeEngine:
             return cand
         if not primary.costly:
             cand = primary.propose(ctx, free_cap)
+            controller.shadow(cand)
             if run.fallbacks:  # companions beside it: the proposal its acceptance rates best
                 cand = self._free_proposal(run, controller, ctx, free_cap, cap, cand) or cand
             cand.truncate(controller.trim(cand))
@@ -927,6 +928,7 @@ class SpeculativeEngine:
             cand = drafter.propose(ctx, cap)
             if not cand.tokens:
                 continue
+            controller.shadow(cand)
             rate = controller.free_rate(cand)
             if bar is None:
                 bar = controller.expected_model_rate(model_cap, behind())
