@@ -134,6 +134,17 @@ def test_a_copy_that_parts_is_resumed_where_the_target_rejoins_it(
     assert _drafts(store, steps[-1]) == [[]]
 
 
+def test_a_resumed_copy_goes_on_where_it_was_accepted_to() -> None:
+    # An earlier text with a token that comes back (a comma, a bracket): the copy resumed
+    # after the change goes on from where the target got to, not from that token's first use.
+    old = [150, 7, 151, 7, 152, 153, 154, 155, 156, 157]
+    store = _history_of([140, 141, 142, 143, 144, *old])
+    head = [1, 140, 141, 142, 143, 144]
+    drafts = _drafts(store, head, head + [999], head + [999, 7], head + [999, 7, 151, 7])
+    assert drafts[2] == [151, 7, 152, 153, 154, 155, 156, 157]  # 999 took 150's place
+    assert drafts[3] == [152, 153, 154, 155, 156, 157]
+
+
 def test_a_copy_is_resumed_only_near_where_it_parted() -> None:
     store = _history_of(OLD)
     head = [1, 2, *OLD[:12]]

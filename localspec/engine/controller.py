@@ -1109,7 +1109,7 @@ class DraftController:
         observe_plain_step). Else on a steep curve (a compute-bound target, 2 tokens at 2
         passes) an unproven copy is capped short of ever paying, so never verified, so never
         proven: auto decoded plainly beside copies the target went on to write, for whole
-        requests (benchmarks/README.md, 2026-12-08)."""
+        requests (benchmarks/README.md, 2026-12-07, late, AVX-512)."""
         if prop.tokens and len(prop.confidences) == len(prop.tokens) and \
                 self.acceptance[prop.source].unproven:
             self._shadows.append((prop.source, prop.tokens[0], prop.confidences[0]))

@@ -45,6 +45,13 @@ class _Copy:
             return None
         return _Copy(self.start + m, self.tokens[m:], self.marks[m:])
 
+    def rest(self, seq: Sequence[int]) -> _Copy | None:
+        """What this copy goes on with after ``seq`` (which still follows it); None where
+        nothing is left."""
+        done = len(seq) - self.start
+        return _Copy(len(seq), self.tokens[done:], self.marks[done:]) \
+            if done < len(self.tokens) else None
+
 
 class HistoryDrafter(Drafter):
     """Proposes the continuation of the longest match of the context's end in the engine's
@@ -78,7 +85,8 @@ class HistoryDrafter(Drafter):
     TAIL = 64 + RESUME_WINDOW
 
     def __init__(self) -> None:
-        self._copy: _Copy | None = None  # the last confident copy proposed
+        self._copy: _Copy | None = None  # the last confident copy proposed, or a resumed one
+        self._resumed_copy = False  # whether that copy is a resumed one
         self._parted: _Copy | None = None  # where the last copy parted, and what followed
 
     def propose(self, ctx: DraftContext, budget: int) -> Proposal:
@@ -91,10 +99,11 @@ class HistoryDrafter(Drafter):
         confidences = self._confidences(found) if found is not None else []
         confident = bool(confidences) and confidences[0] >= self.COPY_CONFIDENCE
         if found is not None and confident:
-            self._copy = _Copy(len(ctx.seq), found.tokens, found.marks)
+            self._copy, self._resumed_copy = _Copy(len(ctx.seq), found.tokens, found.marks), False
         resumed = None if confident else self._resumed(ctx.seq)
         if resumed is not None:
-            self._copy = resumed  # where it parts again, a later change, it resumes from there
+            # Followed like any copy: where it parts again (a later change), it resumes there.
+            self._copy, self._resumed_copy, self._parted = resumed, True, None
             return self._proposal(list(resumed.tokens),
                                   [self.RESUME_CONFIDENCE] * len(resumed.tokens),
                                   resumed.marks, budget)
@@ -123,11 +132,16 @@ class HistoryDrafter(Drafter):
     def _follow(self, seq: Sequence[int]) -> None:
         """Note where the last copy parted from what the target wrote since it was proposed."""
         if self._copy is not None and (parted := self._copy.parted(seq)) is not None:
-            self._parted, self._copy = parted, None
+            self._parted, self._copy, self._resumed_copy = parted, None, False
 
     def _resumed(self, seq: Sequence[int]) -> _Copy | None:
-        """The parted copy from just past where the target's last token rejoins it, within
-        the window; None where it does not."""
+        """A resumed copy the target still follows, from where it got to; else the parted
+        copy from just past where the target's last token rejoins it, within the window; None
+        where it does not. (Searched for again, a resumed copy's next step would start from
+        the first use of a token that comes back, a comma or a bracket, not from where the
+        target got to.)"""
+        if self._copy is not None and self._resumed_copy:
+            return self._copy.rest(seq)
         parted = self._parted
         since = len(seq) - parted.start if parted is not None else 0
         if parted is None or not 0 < since <= self.RESUME_WINDOW:
