@@ -81,9 +81,10 @@ LLAMA_CALL = ('{"name":', '"get_weather",', '"parameters":', '{"city":', '"Paris
 MISTRAL_CALL = ('[{"name":', '"get_weather",', '"arguments":', '{"city":', '"Paris"}}]')
 
 
-def _scripted(folder: Path, script: tuple[str, ...], template: str = TOOLS_TEMPLATE) -> Path:
-    words = tuple(_WORDS) + tuple(w for w in script if w not in _WORDS)
-    spec = TinyModelSpec(seed=3, words=words, script=script,
+def _scripted(folder: Path, script: tuple[str, ...], template: str = TOOLS_TEMPLATE,
+              added: tuple[str, ...] = ()) -> Path:
+    words = tuple(_WORDS) + tuple(w for w in script if w not in _WORDS and w not in added)
+    spec = TinyModelSpec(seed=3, words=words, script=script, added_tokens=added,
                          metadata=(("tokenizer.chat_template", template),))
     return write_tiny_model(folder / "scripted.gguf", spec)
 
@@ -283,10 +284,7 @@ TAG_SCRIPT = (OPEN, '{"name":', '"get_time",', '"arguments":', '{"zone":', '"CET
 
 
 def _tag_token_model(folder: Path) -> Path:
-    words = tuple(_WORDS) + tuple(w for w in TAG_SCRIPT if w not in (OPEN, CLOSE))
-    spec = TinyModelSpec(seed=3, words=words, script=TAG_SCRIPT, added_tokens=(OPEN, CLOSE),
-                         metadata=(("tokenizer.chat_template", TOOLS_TEMPLATE),))
-    return write_tiny_model(folder / "tag-tokens.gguf", spec)
+    return _scripted(folder, TAG_SCRIPT, added=(OPEN, CLOSE))
 
 
 def test_a_forced_call_is_written_in_the_vocabularys_own_tag_tokens(tmp_path: Path) -> None:

@@ -401,10 +401,7 @@ class AcceptanceModel:
         for i, conf in enumerate(seen):
             b = min(int(conf * N_BINS), N_BINS - 1)
             ok = 1.0 if i < n_accepted else 0.0
-            predicted = self.estimate(conf)
-            self._calib_hits = self.DECAY * self._calib_hits + ok
-            self._calib_expected = self.DECAY * self._calib_expected + predicted
-            self._observe_early(ok, predicted)
+            self._check_bins(conf, ok)
             self.hits[b] += ok
             self.seen[b] += 1.0
             self._count(i, ok)
@@ -417,11 +414,15 @@ class AcceptanceModel:
         a fair draw of whether it would have been accepted (a plain step picks or samples the
         target's token as verifying would test it). It counts toward this request's check of
         the bins (EARLY, request_estimate), not the bins: those learn from drafted tokens."""
-        hit = 1.0 if accepted else 0.0
+        self._check_bins(conf, 1.0 if accepted else 0.0)
+
+    def _check_bins(self, conf: float, ok: float) -> None:
+        """One outcome against the bins' prediction for it (before the bins learn it): this
+        request's check of them (EARLY, request_estimate)."""
         predicted = self.estimate(conf)
-        self._calib_hits = self.DECAY * self._calib_hits + hit
+        self._calib_hits = self.DECAY * self._calib_hits + ok
         self._calib_expected = self.DECAY * self._calib_expected + predicted
-        self._observe_early(hit, predicted)
+        self._observe_early(ok, predicted)
 
     def teach(self, depth: int, predicted: float) -> None:
         """A drafted token dropped unverified: its predicted acceptance stands in for it."""
