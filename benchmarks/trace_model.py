@@ -4,6 +4,7 @@ on machines this one is not, and the most any drafting from history could give h
     .venv/bin/python benchmarks/trace_model.py --target T.gguf [--draft D.gguf] --json OUT.json
     .venv/bin/python benchmarks/trace_model.py --from OUT.json [--json OUT2.json]   # re-price
     .venv/bin/python benchmarks/trace_model.py --target T.gguf --draft D.gguf --steps   # + steps
+    .venv/bin/python benchmarks/trace_model.py --target T.gguf --draft D.gguf --stated AMX.json
 
 Which tokens a draft gets right is a property of the pair and the texts, not of the machine;
 what a target pass of n tokens costs is the machine's. So this records the trace of
@@ -37,6 +38,12 @@ prompt prefill and its catch-up on tokens other drafters got accepted are not pr
 target where the draft model drafts (F16 here) ``engine`` is optimistic. The warm-up request is
 in the index the other requests see, as in the engine.
 
+``--stated REC.json`` has the engine decide with another machine's recorded costs instead of
+this one's (fixed for the trace, after the warm-up): which passes it would choose there, so
+``here`` then prices an estimate of that machine's run, made on this one. ``--stated
+amx-q4_k_m`` (or any curve named below) states that curve's shape at this machine's one-token
+cost.
+
 ``--steps`` also logs the engine's every step (which drafter, how many tokens it verified, how
 many were accepted) and sorts them against what the free drafters' proposals matched at the same
 position: where the engine's passes went, beside the bound's.
@@ -61,6 +68,16 @@ Curve = dict[int, float]
 AMX_Q4 = {1: 1.0, 4: 2.47, 8: 2.92, 16: 3.13, 32: 4.60, 64: 8.0}
 AMX_F16 = {1: 1.0, 4: 1.30, 8: 1.72, 16: 2.47, 32: 3.95, 64: 7.43}
 MAX_DRAFT = 63  # a copy's longest draft: the engine's widest pass is 64
+
+
+def named_curves() -> dict[str, Curve]:
+    """The curves every recording is priced on (and ``--stated`` may name): the AMX ones, and
+    tree_budget.py's stated shapes (assumptions until a GPU run measures them), the same
+    curves the tree budgets are priced with."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tree_budget import GPU, OFFLOAD
+
+    return {"amx-q4_k_m": AMX_Q4, "amx-f16": AMX_F16, "gpu": GPU, "offload": OFFLOAD}
 
 
 def pass_cost(curve: Curve, n: int) -> float:
@@ -235,6 +252,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     with engine, (logged_steps(steps) if args.steps else nullcontext()):
         # The first-use calibration, as agent_trace.py does; its answer is in the index too.
         warm_prompt, warm, _ = run(agent_trace._WARMUP)
+        if args.stated:
+            _state_costs(engine, args.stated)
         answers: dict[str, str] = {}
         requests = []
         t0 = time.perf_counter()
@@ -264,9 +283,30 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         draft_ratio = cal.draft_token / here[1] if cal and here.get(1) else 0.0
     return {"target": str(args.target), "draft": str(args.draft) if args.draft else None,
             "draft_ratio": round(draft_ratio, 4), "max_tokens": args.max_tokens,
+            "stated": args.stated,
             "seconds": round(time.perf_counter() - t0, 1),
             "here": {str(k): v for k, v in sorted(here.items())}, "requests": requests,
             "warmup": {"prompt": warm_prompt, "output": list(warm.tokens)}}
+
+
+def _state_costs(engine: Any, source: str) -> None:
+    """Decide the rest of the trace with another machine's costs, fixed: as recorded there
+    (its target curve and draft-to-target ratio), or a named curve's shape at this machine's
+    one-token cost and draft ratio. The drift stays this machine's (the kernels that drift
+    are this machine's). The passes, priced on that curve, estimate that machine."""
+    from localspec.engine.calibration import Calibration
+
+    cal = engine.calibration
+    assert cal is not None, "the warm-up calibrates"
+    t1, ratio = cal.target_points[1], cal.draft_token / cal.target_points[1]
+    named = named_curves()
+    if source in named:
+        points = {n: t1 * c for n, c in named[source].items()}
+    else:
+        rec = json.loads(Path(source).read_text())["recording"]
+        points = {int(k): float(v) for k, v in rec["here"].items()}
+        ratio = rec["draft_ratio"]
+    engine.use_calibration(Calibration(points, ratio * points[1], cal.drift), learn=False)
 
 
 def _decode_seconds(engine: Any) -> tuple[float, float]:
@@ -341,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--json", help="write the recording and the prices here")
+    ap.add_argument("--stated", help="a recording from another machine, or a curve "
+                    f"({', '.join(named_curves())}): decide with its costs (fixed), so its curve "
+                    "prices what the engine would do there")
     ap.add_argument("--steps", action="store_true",
                     help="log the engine's steps and sort them against the free proposals")
     args = ap.parse_args(argv)
@@ -356,13 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = record(args)
     else:
         ap.error("give --target (record) or --from (price a recording)")
-    # tree_budget.py's stated shapes (assumptions until a GPU run measures them), the same
-    # curves the tree budgets are priced with.
-    sys.path.insert(0, str(Path(__file__).parent))
-    from tree_budget import GPU, OFFLOAD
-
-    curves: dict[str, Curve] = {"amx-q4_k_m": AMX_Q4, "amx-f16": AMX_F16, "gpu": GPU,
-                                "offload": OFFLOAD}
+    curves = named_curves()
     here = {int(k): float(v) for k, v in rec["here"].items()}
     if 1 in here:
         curves = {"here": here, **curves}

@@ -26,7 +26,7 @@ from localspec.engine import (
     SpeculativeEngine,
 )
 from localspec.engine.calibration import Calibration
-from localspec.engine.drafters import DraftContext, HistoryDrafter
+from localspec.engine.drafters import DraftContext, HistoryDrafter, TreeRequest
 from localspec.engine.history_index import HistoryIndex
 from localspec.engine.history_store import HistoryStore
 from localspec.errors import ConfigError, LocalspecError
@@ -143,6 +143,33 @@ def test_a_resumed_copy_goes_on_where_it_was_accepted_to() -> None:
     drafts = _drafts(store, head, head + [999], head + [999, 7], head + [999, 7, 151, 7])
     assert drafts[2] == [151, 7, 152, 153, 154, 155, 156, 157]  # 999 took 150's place
     assert drafts[3] == [152, 153, 154, 155, 156, 157]
+
+
+def test_a_copys_confidences_are_each_given_the_tokens_before_it_held() -> None:
+    """The controller multiplies a copy's confidences into the chance of reaching each
+    token, so each is given the ones before it: a match that held on is longer, and once the
+    matches that went the other way are behind, the one left is not doubted for them again."""
+    # Two earlier texts after the same three tokens: they agree for two tokens, then part.
+    store = _history_of([140, 141, 142, 160, 161, 162, 163, 164],
+                        [140, 141, 142, 160, 161, 170, 171, 172])
+    prop = HistoryDrafter().propose(DraftContext(seq=[1, 140, 141, 142], history=store), 5)
+    assert prop.tokens == [160, 161, 170, 171, 172]  # the more recent way
+    c = prop.confidences
+    assert c[0] < c[1]  # a three-token match that held on for one more is likelier right
+    assert c[2] < c[1]  # where the matches part, half went the other way
+    assert c[3] > c[1] and c[4] > c[3]  # past it, one way is left
+
+
+def test_a_trees_confidences_are_each_given_the_node_above_it() -> None:
+    store = _history_of([140, 141, 142, 160, 161, 162, 163, 164],
+                        [140, 141, 142, 160, 161, 170, 171, 172])
+    tree = HistoryDrafter().propose_tree(
+        DraftContext(seq=[1, 140, 141, 142], history=store),
+        TreeRequest(nodes=8, depth=4, branches=2, width=2, floor=0.0, estimate=lambda c: c))
+    conf = dict(zip(tree.tokens, tree.confidences, strict=True))
+    assert conf[160] < conf[161]  # the match held on for one more token
+    assert conf[170] < conf[161] and conf[162] < conf[161]  # the two ways part
+    assert conf[171] > conf[161] and conf[163] > conf[161]  # on either way, it is the only one
 
 
 def test_a_copy_is_resumed_only_near_where_it_parted() -> None:

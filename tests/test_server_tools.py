@@ -82,9 +82,10 @@ MISTRAL_CALL = ('[{"name":', '"get_weather",', '"arguments":', '{"city":', '"Par
 
 
 def _scripted(folder: Path, script: tuple[str, ...], template: str = TOOLS_TEMPLATE,
-              added: tuple[str, ...] = ()) -> Path:
+              added: tuple[str, ...] = (), control: bool = False) -> Path:
     words = tuple(_WORDS) + tuple(w for w in script if w not in _WORDS and w not in added)
     spec = TinyModelSpec(seed=3, words=words, script=script, added_tokens=added,
+                         added_control=control,
                          metadata=(("tokenizer.chat_template", template),))
     return write_tiny_model(folder / "scripted.gguf", spec)
 
@@ -283,8 +284,8 @@ def test_a_named_function_is_the_one_called(tmp_path: Path) -> None:
 TAG_SCRIPT = (OPEN, '{"name":', '"get_time",', '"arguments":', '{"zone":', '"CET"}}', CLOSE)
 
 
-def _tag_token_model(folder: Path) -> Path:
-    return _scripted(folder, TAG_SCRIPT, added=(OPEN, CLOSE))
+def _tag_token_model(folder: Path, control: bool = False) -> Path:
+    return _scripted(folder, TAG_SCRIPT, added=(OPEN, CLOSE), control=control)
 
 
 def test_a_forced_call_is_written_in_the_vocabularys_own_tag_tokens(tmp_path: Path) -> None:
@@ -312,7 +313,25 @@ def test_a_forced_call_is_written_in_the_vocabularys_own_tag_tokens(tmp_path: Pa
 def test_tags_spelled_in_plain_pieces_are_not_tag_tokens(target_gguf: Path) -> None:
     with SpeculativeEngine.load(target_gguf, None, ModelSettings(n_ctx=256)) as eng:
         assert call_tags(eng.target.special_token) is None
-        assert eng.target.special_token("</s>") == 2  # a control token is one
+        assert eng.target.special_token("</s>") is None  # a control token shows as nothing
+
+
+def test_a_forced_call_is_not_written_in_tag_tokens_that_show_as_nothing(
+        tmp_path: Path) -> None:
+    """Where the tags are control tokens, whose text an answer shows as nothing, a forced
+    call spells them out: written in the tokens it would lose its tags."""
+    with SpeculativeEngine.load(_tag_token_model(tmp_path, control=True), None,
+                                ModelSettings(n_ctx=512)) as eng:
+        # Each tag is one token of the vocabulary's, a control token.
+        assert all(len(eng.target.tokenize(t, add_bos=False)) == 1 for t in (OPEN, CLOSE))
+        tags = call_tags(eng.target.special_token)
+        assert tags is None
+        forced = forced_calls(ToolRequest((CITY, TIME), ("get_weather", "get_time"), False),
+                              "tagged", tags)
+        text = eng.generate(GenerationRequest(
+            prompt_tokens=eng.tokenize("the", chat=False), max_tokens=60,
+            draft=DraftSettings(mode="none"), output=forced)).text
+        assert text.lstrip().startswith(OPEN) and text.rstrip().endswith(CLOSE)
 
 
 @pytest.mark.parametrize("stream", [False, True])

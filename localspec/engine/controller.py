@@ -13,6 +13,7 @@ spent whatever comes next, so it must not sway the choice).
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,18 @@ from .drafters import Proposal
 from .history_index import MARK_CLEAR, MARK_TIED
 from .tree_planner import TreePlan
 
-N_BINS = 10
+# Confidence bins' upper edges: tenths, with the top tenth split. A copy's deep tokens (0.99
+# and up, given the tokens before them held) and the first tokens of 9-token matches (0.9)
+# pooled in one bin priced long copies at the first tokens' rate, and cut them short.
+BIN_EDGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97, 0.99, 1.0)
+N_BINS = len(BIN_EDGES)
+_BIN_CENTRES = tuple((lo + hi) / 2 for lo, hi in zip((0.0, *BIN_EDGES), BIN_EDGES,
+                                                      strict=False))
+
+
+def confidence_bin(conf: float) -> int:
+    """The bin of a confidence: the first whose upper edge is above it (the last holds 1)."""
+    return min(bisect.bisect_right(BIN_EDGES, conf), N_BINS - 1)
 
 
 def _slope(points: dict[int, float], ns: list[int]) -> float:
@@ -306,7 +318,7 @@ class AcceptanceModel:
         """A tree's other guesses below accepted parents, as (rank, confidence, chosen): they
         teach the confidence bins (calibration extended from chains) and the rank rates."""
         for rank, conf, hit in outcomes:
-            b = min(int(conf * N_BINS), N_BINS - 1)
+            b = confidence_bin(conf)
             self.hits[b] += hit
             self.seen[b] += 1.0
             r = min(rank, len(self.SIBLING_PRIOR)) - 1
@@ -371,8 +383,8 @@ class AcceptanceModel:
         self._request_seen[d] += 1.0
 
     def estimate(self, conf: float) -> float:
-        b = min(int(conf * N_BINS), N_BINS - 1)
-        centre = (b + 0.5) / N_BINS
+        b = confidence_bin(conf)
+        centre = _BIN_CENTRES[b]
         w = self.BIN_PRIOR_WEIGHT
         return (self.hits[b] + w * centre) / (self.seen[b] + w)
 
@@ -399,7 +411,7 @@ class AcceptanceModel:
     def observe(self, confidences: list[float], n_accepted: int) -> None:
         seen = confidences[: n_accepted + 1]
         for i, conf in enumerate(seen):
-            b = min(int(conf * N_BINS), N_BINS - 1)
+            b = confidence_bin(conf)
             ok = 1.0 if i < n_accepted else 0.0
             self._check_bins(conf, ok)
             self.hits[b] += ok

@@ -349,6 +349,7 @@ class LlamaRunner:
         # costs ~0.1 ms right after a decode, a visible share of a fast GPU step.
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self._pieces: dict[int, bytes] = {}
+        self._specials: dict[str, int | None] = {}  # special_token's answers (a server's per call)
         # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
         self.decode_seconds = 0.0
         self.decode_calls = 0
@@ -451,13 +452,22 @@ class LlamaRunner:
         return data
 
     def special_token(self, text: str) -> int | None:
-        """The one control or user-defined token spelled ``text`` (a template's tag, such as
-        Qwen's ``<tool_call>``), or None where this vocabulary writes it as plain text."""
+        """The one control or user-defined token spelled ``text`` that an answer's text shows
+        as ``text`` (a template's tag, such as Qwen's ``<tool_call>``); None where this
+        vocabulary writes it as plain text, or its token shows as nothing (a control token's
+        piece is empty: a call written in it would lose its tags)."""
+        if text not in self._specials:
+            self._specials[text] = self._find_special(text)
+        return self._specials[text]
+
+    def _find_special(self, text: str) -> int | None:
         ids = self.tokenize(text, add_bos=False, special=True)
         if len(ids) != 1:
             return None
         kinds = self._lib.LLAMA_TOKEN_ATTR_CONTROL | self._lib.LLAMA_TOKEN_ATTR_USER_DEFINED
-        return ids[0] if self._lib.llama_vocab_get_attr(self._vocab, ids[0]) & kinds else None
+        if not self._lib.llama_vocab_get_attr(self._vocab, ids[0]) & kinds:
+            return None
+        return ids[0] if self.piece(ids[0]) == text.encode() else None
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))

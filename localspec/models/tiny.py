@@ -73,6 +73,9 @@ class TinyModelSpec:
     # Tokens matched whole wherever they appear, as a template's tags are (Qwen's
     # ``<tool_call>``): written as user-defined tokens after the words. A script may name them.
     added_tokens: tuple[str, ...] = ()
+    # Whether they are written as control tokens instead, whose text an answer shows as nothing
+    # (as Mistral's ``[TOOL_CALLS]``).
+    added_control: bool = False
 
 
 def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
@@ -90,7 +93,8 @@ def vocabulary(spec: TinyModelSpec) -> tuple[list[str], list[float], list[int]]:
     # Longer pieces score higher so the SPM merge prefers whole words.
     scores = [0.0] * (len(tokens) - len(pieces)) + [float(len(p)) for p in pieces]
     tokens += spec.added_tokens
-    types += [TokenType.USER_DEFINED] * len(spec.added_tokens)
+    added = TokenType.CONTROL if spec.added_control else TokenType.USER_DEFINED
+    types += [added] * len(spec.added_tokens)
     scores += [0.0] * len(spec.added_tokens)
     return tokens, scores, [int(t) for t in types]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..history_index import MARK_TIED, Continuation
+from ..history_index import MARK_TIED, Continuation, ContinuationTree
 from .base import DraftContext, Drafter
 from .proposal import Proposal, TreeRequest
 
@@ -114,8 +114,15 @@ class HistoryDrafter(Drafter):
         return self._proposal(list(found.tokens[:n]), confidences[:n], found.marks, budget)
 
     def _confidences(self, found: Continuation) -> list[float]:
-        length = self._discount(found.match_length)
-        return [share * length for share in found.agreement]
+        # Each token's confidence is given the ones before it were right, as the controller
+        # multiplies them: the share of the matches that went on with it of those that came
+        # this far, and a match as long as the context's plus the copy's tokens before it (a
+        # copy the target follows 8 tokens past a 5-token match is no coincidence any more).
+        out, before = [], 1.0
+        for i, share in enumerate(found.agreement):
+            out.append(share / before * self._discount(found.match_length + i))
+            before = share
+        return out
 
     def _proposal(self, tokens: list[int], confidences: list[float], marks: Sequence[int],
                   budget: int) -> Proposal:
@@ -162,11 +169,22 @@ class HistoryDrafter(Drafter):
         found = ctx.history.lookup_tree(ctx.seq, request.depth, request.nodes)
         if found is None:
             return out
-        length = self._discount(found.match_length)
         trie = Proposal(source=self.name, tokens=list(found.tokens),
-                        confidences=[share * length for share in found.shares],
+                        confidences=self._node_confidences(found),
                         parents=list(found.parents))
         out.graft(trie, request.nodes, request.branches)  # within the leaves the target holds
+        return out
+
+    def _node_confidences(self, found: ContinuationTree) -> list[float]:
+        """Each node's confidence given its parent was right (as ``_confidences``): the
+        share of the matches through its parent that went on through it, and a match as
+        long as the context's plus the nodes above it."""
+        depths: list[int] = []
+        out: list[float] = []
+        for share, parent in zip(found.shares, found.parents, strict=True):  # parents first
+            above, depth = (found.shares[parent], depths[parent] + 1) if parent >= 0 else (1.0, 0)
+            depths.append(depth)
+            out.append(share / above * self._discount(found.match_length + depth))
         return out
 
     def _discount(self, match_length: int) -> float:
