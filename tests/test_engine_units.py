@@ -227,6 +227,21 @@ def test_a_copys_sure_tokens_are_priced_apart_from_a_short_matchs_first_tokens()
     assert acc.estimate(0.995) > 0.99
 
 
+def test_a_width_between_the_measured_ones_is_priced_as_it_was_found() -> None:
+    """A CPU's pass costs climb in steps, not along the line between measured widths: on
+    Q4_K_M here 32 tokens cost 9.5 passes and 33 cost 12.1. A width a copy used is learned,
+    so the copies after it are priced at what it took, and the widths beside it too."""
+    costs = CostModel.from_measurements({1: 1.0, 2: 1.9, 16: 6.9, 32: 9.5, 64: 16.6}, 12, 0.1)
+    line = costs.verify(33), costs.verify(40)
+    assert line[0] < 10.0
+    for _ in range(12):
+        costs.observe_verify(33, 12.1)
+    assert costs.verify(33) == pytest.approx(12.1, abs=0.1)
+    assert costs.verify(40) > line[1]
+    assert costs.verify(32) == pytest.approx(9.5) and costs.widest == 64
+    assert list(costs.wide) == sorted(costs.wide)
+
+
 def test_fixed_k_drafts_exactly_k() -> None:
     costs = CostModel.from_calibration(0.04, 0.36, 9, 8, 0.01)
     ctl = DraftController(costs, 8, fixed_k=3)

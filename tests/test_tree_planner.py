@@ -12,6 +12,7 @@ from localspec.engine.controller import (
     CostModel,
     DraftController,
     TreePauses,
+    confidence_bin,
 )
 from localspec.engine.drafters import Proposal
 
@@ -410,8 +411,8 @@ def test_a_verified_tree_teaches_depths_siblings_and_bins() -> None:
     ctl.observe_tree(prop, [1], [11, 99])
     assert acc.sibling_rates[0] > before_sib
     assert acc.rates[0] < before_depth
-    b = int(0.25 * 10)
+    b = confidence_bin(0.25)
     assert acc.seen[b] == 1 and acc.hits[b] == 1
     # Accepted along the first guesses, then a near-tie: the tie is neither outcome.
     ctl.observe_tree(prop, [0, 2], [10, 12, None])
-    assert acc.seen[int(0.9 * 10)] == 1 and acc.hits[int(0.9 * 10)] == 1
+    assert acc.seen[confidence_bin(0.9)] == 1 and acc.hits[confidence_bin(0.9)] == 1

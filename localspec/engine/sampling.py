@@ -330,10 +330,10 @@ def coupled_choice(c: Candidates, temperature: float, seed: int, position: int) 
 
 
 # Tokens further than this below the best leave the confidence out: each weighs less than
-# 3.4e-4 of the best one. It is a proxy, binned in tenths and calibrated online. Gathering the
-# band is the cost (a draft model's 152k vocabulary: ~6,000 tokens within 10 logits, 120 us
-# here; ~1,600 within 8, 35 us), and at a top token of 8% the narrower band reads 8.5%: the
-# same bin.
+# 3.4e-4 of the best one. It is a proxy, binned (controller.BIN_EDGES) and calibrated online.
+# Gathering the band is the cost (a draft model's 152k vocabulary: ~6,000 tokens within 10
+# logits, 120 us here; ~1,600 within 8, 35 us), and at a top token of 8% the narrower band
+# reads 8.5%: the same bin.
 CONFIDENCE_BAND = 8.0
 
 

@@ -3,9 +3,10 @@
 The engine keeps an index of what its target wrote before (``history_store``): earlier answers
 with the end of their prompts, and the chat app's saved conversations. This drafter proposes
 what followed the longest earlier match of the current context's end, each token weighted by the
-share of the longest matches that continued with it. Free to run (a lookup is tens of
-microseconds on a million tokens) and, where a request repeats an earlier one (an agent resending
-a file, a tool call in a fixed schema, "the same again with one change"), right for long runs.
+share of the longest matches that came that far and continued with it. Free to run (a lookup is
+tens of microseconds on a million tokens) and, where a request repeats an earlier one (an agent
+resending a file, a tool call in a fixed schema, "the same again with one change"), right for
+long runs.
 
 Where such a copy parts from the target's text (the one change), the context's end matches
 nothing for a while: the target's new tokens are in no earlier text. But the earlier text goes
