@@ -126,17 +126,16 @@ class CostModel:
             return
         if 0 < n < len(self.target):
             self.target[n] += self.smoothing * (seconds - self.target[n])
-        elif n in self.wide or n < self.widest:
+        elif n in self.wide:
+            self.wide[n] += self.smoothing * (seconds - self.wide[n])
+        elif n < self.widest:
             # A width between the measured ones becomes a point of its own: between them the
             # price is a straight line, and a CPU's is steps (Q4_K_M on AVX-512: 32 tokens
             # at 9.5 passes, 33 at 12.1, where the line said 9.6), so copies of 33-56 tokens
             # were priced cheap for good and took 17% longer than copies cut at 32.
-            if n in self.wide:
-                self.wide[n] += self.smoothing * (seconds - self.wide[n])
-            else:
-                prior = self.verify(n)
-                self.wide = dict(sorted({**self.wide,
-                                         n: prior + self.smoothing * (seconds - prior)}.items()))
+            prior = self.verify(n)
+            self.wide = dict(sorted({**self.wide,
+                                     n: prior + self.smoothing * (seconds - prior)}.items()))
 
     @property
     def widest(self) -> int:

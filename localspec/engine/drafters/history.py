@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..history_index import MARK_TIED, Continuation, ContinuationTree
+from ..history_index import MARK_TIED, Continuation
 from .base import DraftContext, Drafter
 from .proposal import Proposal, TreeRequest
 
@@ -115,15 +115,9 @@ class HistoryDrafter(Drafter):
         return self._proposal(list(found.tokens[:n]), confidences[:n], found.marks, budget)
 
     def _confidences(self, found: Continuation) -> list[float]:
-        # Each token's confidence is given the ones before it were right, as the controller
-        # multiplies them: the share of the matches that went on with it of those that came
-        # this far, and a match as long as the context's plus the copy's tokens before it (a
-        # copy the target follows 8 tokens past a 5-token match is no coincidence any more).
-        out, before = [], 1.0
-        for i, share in enumerate(found.agreement):
-            out.append(share / before * self._discount(found.match_length + i))
-            before = share
-        return out
+        # A chain is a tree whose every token's parent is the one before it.
+        return self._given_parents(found.agreement, range(-1, len(found.agreement) - 1),
+                                   found.match_length)
 
     def _proposal(self, tokens: list[int], confidences: list[float], marks: Sequence[int],
                   budget: int) -> Proposal:
@@ -171,21 +165,25 @@ class HistoryDrafter(Drafter):
         if found is None:
             return out
         trie = Proposal(source=self.name, tokens=list(found.tokens),
-                        confidences=self._node_confidences(found),
+                        confidences=self._given_parents(found.shares, found.parents,
+                                                        found.match_length),
                         parents=list(found.parents))
         out.graft(trie, request.nodes, request.branches)  # within the leaves the target holds
         return out
 
-    def _node_confidences(self, found: ContinuationTree) -> list[float]:
-        """Each node's confidence given its parent was right (as ``_confidences``): the
-        share of the matches through its parent that went on through it, and a match as
-        long as the context's plus the nodes above it."""
+    def _given_parents(self, shares: Sequence[float], parents: Sequence[int],
+                       match_length: int) -> list[float]:
+        """Each token's confidence given the ones above it were right, as the controller
+        multiplies them: the share of the matches through its parent that went on through it,
+        and a match as long as the context's plus the tokens above it (a copy the target
+        follows 8 tokens past a 5-token match is no coincidence any more). ``parents`` as a
+        tree's (-1: the context's end), parents first."""
         depths: list[int] = []
         out: list[float] = []
-        for share, parent in zip(found.shares, found.parents, strict=True):  # parents first
-            above, depth = (found.shares[parent], depths[parent] + 1) if parent >= 0 else (1.0, 0)
+        for share, parent in zip(shares, parents, strict=True):
+            above, depth = (shares[parent], depths[parent] + 1) if parent >= 0 else (1.0, 0)
             depths.append(depth)
-            out.append(share / above * self._discount(found.match_length + depth))
+            out.append(share / above * self._discount(match_length + depth))
         return out
 
     def _discount(self, match_length: int) -> float:
