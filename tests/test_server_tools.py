@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,10 @@ from localspec.server.tool_calls import (
     ToolError,
     ToolFormat,
     ToolRequest,
+    call_opener,
     call_tags,
     forced_calls,
+    held_calls,
     split_tool_calls,
     tool_format,
 )
@@ -248,8 +251,21 @@ def _answer(api: openai.OpenAI, stream: bool, **kw: Any) -> tuple[str, list[Any]
             choice.finish_reason
     parts = list(api.chat.completions.create(stream=True, **kw))
     return ("".join(c.delta.content or "" for p in parts for c in p.choices),
-            [t for p in parts for c in p.choices for t in c.delta.tool_calls or []],
+            _merged([t for p in parts for c in p.choices for t in c.delta.tool_calls or []]),
             next(c.finish_reason for p in parts for c in p.choices if c.finish_reason))
+
+
+def _merged(deltas: list[Any]) -> list[Any]:
+    """A stream's ``delta.tool_calls`` put together by index, as a client does: a call's first
+    delta has its id and name, the others more of its arguments."""
+    calls: dict[int, Any] = {}
+    for delta in deltas:
+        if delta.index not in calls:
+            calls[delta.index] = delta.model_copy(deep=True)
+        else:
+            fn = calls[delta.index].function
+            fn.arguments = (fn.arguments or "") + (delta.function.arguments or "")
+    return [calls[i] for i in sorted(calls)]
 
 
 @pytest.mark.parametrize("template", [TOOLS_TEMPLATE, LLAMA_TEMPLATE, MISTRAL_TEMPLATE],
@@ -345,6 +361,24 @@ def test_a_required_call_in_tag_tokens_comes_back_as_the_model_made_it(
             ("get_time", {"zone": "CET"})
 
 
+def test_a_held_call_is_streamed_in_pieces_as_the_model_writes_it(tmp_path: Path) -> None:
+    """Where a grammar holds the calls, a call that began is one: its id and name come first,
+    then its arguments as they are written, before the answer ends."""
+    with _serving(_tag_token_model(tmp_path), n_ctx=2048) as api:
+        parts = list(api.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[CITY, TIME], tool_choice="required",  # type: ignore[arg-type, list-item]
+            max_tokens=FORCED_MAX_TOKENS, temperature=0, stream=True))
+    carrying = [i for i, p in enumerate(parts) for c in p.choices if c.delta.tool_calls]
+    deltas = [t for p in parts for c in p.choices for t in c.delta.tool_calls or []]
+    assert len(carrying) == len(deltas) >= 2  # the arguments in pieces, one delta a chunk
+    first, *rest = deltas
+    assert first.id and first.function.name == "get_time"
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"zone": "CET"}
+    finish = next(i for i, p in enumerate(parts) for c in p.choices if c.finish_reason)
+    assert max(carrying) < finish and parts[finish].choices[0].finish_reason == "tool_calls"
+
+
 def test_tools_whose_parameters_cannot_hold_a_call_are_400_naming_them(
         client: openai.OpenAI) -> None:
     broken = {"type": "function", "function": {"name": "f", "parameters": {
@@ -354,6 +388,11 @@ def test_tools_whose_parameters_cannot_hold_a_call_are_400_naming_them(
     assert info.value.body["param"] == "tools[1].function.parameters"  # type: ignore[index]
     # Not forced, the same tools are only shown: the model's answer is read as ever.
     assert _ask(client, tools=[WEATHER, broken]).choices[0].finish_reason == "tool_calls"
+    # Unless one is strict: then any call is held, so the broken one is named.
+    strict = {"type": "function", "function": {**broken["function"], "strict": True}}
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(client, tools=[WEATHER, strict])
+    assert info.value.body["param"] == "tools[1].function.parameters"  # type: ignore[index]
 
 
 @pytest.mark.parametrize("ask", [
@@ -557,6 +596,164 @@ def test_a_forced_calls_arguments_keep_their_own_schema(tiny_vocab: Any) -> None
     assert info.value.param == "tools[0].function.parameters"
 
 
+# -- a strict tool's call, where the model chooses -----------------------------------------------
+STRICT_CITY: dict[str, Any] = {"type": "function",
+                               "function": {**CITY["function"], "strict": True}}
+BAD_W = W.replace('"city"', '"town"')  # arguments the strict tool's parameters forbid
+BAD_T = T.replace('"CET"', "5")  # and the other tool's, which is not strict
+
+
+@pytest.mark.parametrize(("fmt", "text", "held"), [
+    ("tagged", "It is sunny today.", False),
+    ("tagged", '{"result": 1}', False),  # JSON that names no strict tool is free
+    ("tagged", f"Sure: {BAD_W}", False),  # a call in words is not read as one: not held
+    ("tagged", '{"name": "get_weather"}', False),  # no arguments: data, not a call
+    ("tagged", '{"name": "get_weather", "description": "x"}', False),
+    ("tagged", BAD_T, False),  # a call to a tool that is not strict
+    ("tagged", W, False),
+    ("tagged", BAD_W, True),
+    ("tagged", f"```json\n{BAD_W}\n```", True),
+    ("tagged", f"  [{BAD_W}]", True),
+    ("tagged", f"{W} and then words", True),  # a bare call is the whole answer
+    ("tagged", f"Let me check. <tool_call>{W}</tool_call>", False),
+    ("tagged", f"Let me check. <tool_call>{BAD_W}</tool_call>", True),
+    # In tags, any offered tool: the strict one held, the other to an object of arguments.
+    ("tagged", f"<tool_call>{BAD_T}</tool_call> and <tool_call>{W}</tool_call>", False),
+    ("tagged", "the format is <tool_call>{...}</tool_call>", True),  # a tag opened is a call
+    ("tagged", BAD_W.replace("arguments", "parameters"), True),  # either key is read
+    ("tagged", f"<|python_tag|>{BAD_W}", True),  # a format's opening spelled out
+    ("json", W.replace("arguments", "parameters"), False),
+    ("json", BAD_W.replace("arguments", "parameters"), True),
+    ("json", f"Let me check. <tool_call>{BAD_W}</tool_call>", True),  # tags, read in any format
+    ("mistral", f"[{W}, {BAD_T}]", False),
+    ("mistral", f"[{BAD_W}]", True),
+    ("mistral", f"[{T}, {BAD_W}]", True),
+])
+def test_a_strict_tools_call_is_held_to_its_parameters_from_where_it_begins(
+        tiny_vocab: Any, fmt: ToolFormat, text: str, held: bool) -> None:
+    """Under tool_choice "auto", text that does not begin a call to a strict tool is free;
+    one that does is a call, with arguments its parameters allow."""
+    out = held_calls(ToolRequest((STRICT_CITY, TIME), (), True, ("get_weather",)), fmt)
+    assert _allowed(tiny_vocab, out, text) == (not held)
+    if not held:  # what the grammar allows reads back as calls it held, or as content
+        content, calls = split_tool_calls(text, {"get_weather", "get_time"}, fmt)
+        assert all(json.loads(c["function"]["arguments"]) == {"city": "Paris"}
+                   for c in calls if c["function"]["name"] == "get_weather")
+        assert calls or content == text
+
+
+def test_a_strict_call_is_held_whatever_its_tools_name() -> None:
+    """Names with the characters of a regex or a Lark literal in them."""
+    for name in ("fs/read", "a.b", "a-b", 'say "hi"', "x|y", "(z)"):
+        tool = {"type": "function", "function": {**STRICT_CITY["function"], "name": name}}
+        held_calls(ToolRequest((tool,), (), True, (name,)), "tagged").check()
+
+
+def test_one_strict_call_is_all_an_answer_holds_without_parallel_calls(
+        tiny_vocab: Any) -> None:
+    one = ToolRequest((STRICT_CITY, TIME), (), False, ("get_weather",))
+    two = f"a <tool_call>{W}</tool_call> b <tool_call>{T}</tool_call>"
+    for fmt, text in (("tagged", two), ("tagged", f"{W}; {T}"), ("mistral", f"[{W}, {T}]")):
+        assert not _allowed(tiny_vocab, held_calls(one, fmt), text)
+        assert _allowed(tiny_vocab, held_calls(replace(one, parallel=True), fmt), text)
+    assert _allowed(tiny_vocab, held_calls(one, "tagged"), f"a <tool_call>{W}</tool_call> b")
+
+
+def _tokens_allowed(vocab: Any, out: Any, parts: list[str | int]) -> bool:
+    """``_allowed`` for an answer in pieces: text, or a token by its id."""
+    from llguidance import LLMatcher
+
+    matcher = LLMatcher(vocab, out.grammar(), log_level=0)
+    tokens = [t for p in parts for t in ([p] if isinstance(p, int) else vocab.tokenize_str(p))]
+    return matcher.validate_tokens(tokens) == len(tokens) and \
+        matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+def test_a_strict_call_begins_at_the_vocabularys_own_tag_or_opening_token(
+        tmp_path: Path) -> None:
+    """A call opened by a token of the vocabulary's own (Qwen's tag, Mistral's control token
+    [TOOL_CALLS]) is held from that token on; text before it stays free."""
+    request = ToolRequest((STRICT_CITY, TIME), (), True, ("get_weather",))
+    with SpeculativeEngine.load(_tag_token_model(tmp_path), None,
+                                ModelSettings(n_ctx=256)) as eng:
+        vocab = vocabulary_tokenizer(eng.target.vocab)
+        tags = call_tags(eng.target.special_token)
+        assert tags is not None and call_opener("tagged", eng.target.control_token) is None
+        out = held_calls(request, "tagged", tags)
+        opened, closed = tags
+        assert _tokens_allowed(vocab, out, ["Let me check. ", opened, W, closed])
+        assert _tokens_allowed(vocab, out, ["Let me check. ", opened, BAD_T, CLOSE, " ok"])
+        assert not _tokens_allowed(vocab, out, ["Let me check. ", opened, BAD_W, closed])
+    for fmt, template, tag in (("mistral", MISTRAL_TEMPLATE, "[TOOL_CALLS]"),
+                               ("json", LLAMA_TEMPLATE, "<|python_tag|>")):
+        (tmp_path / fmt).mkdir()
+        model = _scripted(tmp_path / fmt, PROSE, template, added=(tag,), control=True)
+        with SpeculativeEngine.load(model, None, ModelSettings(n_ctx=256)) as eng:
+            vocab = vocabulary_tokenizer(eng.target.vocab)
+            opener = call_opener(fmt, eng.target.control_token)
+            assert opener is not None and eng.target.special_token(tag) is None
+            out = held_calls(request, fmt, None, opener)
+            assert _tokens_allowed(vocab, out, [opener, f"[{W}]"])
+            assert _tokens_allowed(vocab, out, [opener, f" {BAD_T}\n"])
+            assert not _tokens_allowed(vocab, out, [opener, f"[{BAD_W}]"])
+            assert not _tokens_allowed(vocab, out, [opener, "words"])
+            assert not _tokens_allowed(vocab, out, ["words ", opener])
+            assert _tokens_allowed(vocab, out, ["It is sunny today."])
+
+
+# The call of SCRIPT, FENCED and TAG_SCRIPT, its arguments under a key the tool does not have.
+BAD_SCRIPTS = {
+    "tags-in-pieces": (SCRIPT[:4] + ('{"name":', '"get_weather",', '"arguments":', '{"town":',
+                                     '"Paris"}}', CLOSE), ()),
+    "tag-tokens": (SCRIPT[:3] + TAG_SCRIPT[:1] + ('{"name":', '"get_weather",', '"arguments":',
+                                                  '{"town":', '"Paris"}}') + (CLOSE,),
+                   (OPEN, CLOSE)),
+    "fenced": (FENCED[:4] + ('{"town":', '"Paris"}}', "```"), ()),
+}
+
+
+@pytest.mark.parametrize("script", BAD_SCRIPTS, ids=list(BAD_SCRIPTS))
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_strict_tools_call_is_made_as_its_parameters_ask_where_the_model_chose_to_call(
+        tmp_path: Path, script: str, stream: bool) -> None:
+    """A model whose call's arguments miss its tool's parameters: not strict, the call comes
+    back as the model wrote it; strict, its arguments are ones the parameters allow, and the
+    words it wrote before the call are its own."""
+    words, added = BAD_SCRIPTS[script]
+    with _serving(_scripted(tmp_path, words, added=added), n_ctx=2048) as api:
+        content, calls, reason = _answer(api, stream, tools=[CITY, TIME])
+        (call,) = calls
+        assert reason == "tool_calls" and json.loads(call.function.arguments) == {"town": "Paris"}
+        before = content
+        content, calls, reason = _answer(api, stream, tools=[STRICT_CITY, TIME])
+        (call,) = calls
+        assert reason == "tool_calls" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) in ({"city": "Paris"}, {"city": "Rome"})
+        if script == "fenced":  # an untagged call is the whole answer
+            assert before == content == ""
+        else:
+            assert before.strip() == "Let me check." and content.startswith(before)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_in_words_is_untouched_by_strict_tools(tmp_path: Path, stream: bool) -> None:
+    with _serving(_scripted(tmp_path, PROSE), n_ctx=2048) as api:
+        content, calls, reason = _answer(api, stream, tools=[CITY, TIME])
+        assert (content.strip(), calls, reason) == ("It is sunny today.", [], "stop")
+        assert _answer(api, stream, tools=[STRICT_CITY, TIME]) == (content, [], "stop")
+
+
+def test_strict_names_the_tools_held_where_the_model_chooses() -> None:
+    def parse(*tools: dict[str, Any], **fields: Any) -> ToolRequest:
+        return parse_request({"messages": ASK, "tools": list(tools), **fields}, "chat",
+                             CFG).tool_request
+    assert parse(STRICT_CITY, TIME).strict == ("get_weather",)
+    assert parse(CITY, TIME).strict == ()
+    assert parse(STRICT_CITY, TIME, tool_choice="none") == ToolRequest()
+    # Shown to the model as any tool: "strict" is the server's to keep, not the template's.
+    assert "strict" not in parse(STRICT_CITY).tools[0]["function"]
+
+
 def test_tool_choice_names_what_a_call_is_forced_to() -> None:
     def parse(**fields: Any) -> ToolRequest:
         return parse_request({"messages": ASK, "tools": [CITY, TIME], **fields}, "chat",
@@ -696,6 +893,62 @@ def test_streamed_and_whole_answers_read_the_same_calls(text: str, size: int) ->
     tail, calls = stream.finish()
     assert [c["function"] for c in calls] == [c["function"] for c in whole_calls]
     assert (sent + tail).strip() == (whole_content or "")
+
+
+def _streamed(stream: ToolCallStream, pieces: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    """The content sent and the call deltas, piece by piece, of ``pieces`` fed one by one."""
+    content, deltas = "", []
+    for piece in pieces:
+        content += stream.feed(piece)
+        deltas += stream.pieces()
+    return content, deltas
+
+
+def _arguments(deltas: list[dict[str, Any]], index: int) -> str:
+    return "".join(d["function"]["arguments"] for d in deltas if d["index"] == index)
+
+
+def test_a_held_call_is_sent_in_pieces_as_it_is_written() -> None:
+    stream = ToolCallStream({"f"}, piecewise=True)
+    content, deltas = _streamed(stream, [
+        "Let me ", "check. <tool_call>", '{"name": "f", ', '"arguments": {"a": ',
+        '"x}\\"y", "b": [1, {"c": 2}]', "}}", "</tool_call>"])
+    assert content == "Let me check. "
+    head, *rest = deltas
+    assert head["function"]["name"] == "f" and head["id"].startswith("call_")
+    assert len(rest) >= 2 and all(d.keys() == {"index", "function"} for d in rest)
+    # Braces inside a string are not the arguments' end; the call's own closing brace is not
+    # part of them.
+    assert _arguments(deltas, 0) == '{"a": "x}\\"y", "b": [1, {"c": 2}]}'
+    tail, calls = stream.finish()
+    assert tail == "" and len(calls) == stream.streamed == 1
+    assert json.loads(calls[0]["function"]["arguments"]) == json.loads(_arguments(deltas, 0))
+
+
+def test_held_calls_in_an_array_are_sent_one_after_another() -> None:
+    text = '[{"name": "f", "arguments": {}}, {"name": "g", "parameters": {"x": [1]}}]'
+    stream = ToolCallStream({"f", "g"}, "mistral", piecewise=True)
+    _, deltas = _streamed(stream, list(text))  # a character at a time
+    assert [(d["index"], d["function"]["name"]) for d in deltas if "id" in d] == \
+        [(0, "f"), (1, "g")]
+    assert (_arguments(deltas, 0), _arguments(deltas, 1)) == ("{}", '{"x": [1]}')
+    assert len(stream.finish()[1]) == 2
+
+
+def test_a_held_call_cut_short_is_sent_as_far_as_it_went() -> None:
+    stream = ToolCallStream({"f"}, piecewise=True)
+    _, deltas = _streamed(stream, ['<tool_call>{"name": "f", "arguments": {"a": 1'])
+    assert _arguments(deltas, 0) == '{"a": 1'
+    assert stream.finish() == ("", [])  # not sent again as content
+    stream = ToolCallStream({"f"}, piecewise=True)
+    _streamed(stream, ['<tool_call>{"name": "f", "arguments": {"a": 1'])
+    assert stream.release() == ""
+
+
+def test_a_call_not_held_is_sent_whole_at_the_finish() -> None:
+    stream = ToolCallStream({"f"})
+    assert _streamed(stream, ['<tool_call>{"name": "f", "arguments": {"a": 1}}'])[1] == []
+    assert [c["function"]["name"] for c in stream.finish()[1]] == ["f"]
 
 
 def test_a_stream_that_ends_in_an_error_releases_what_it_held() -> None:

@@ -350,6 +350,7 @@ class LlamaRunner:
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self._pieces: dict[int, bytes] = {}
         self._specials: dict[str, int | None] = {}  # special_token's answers (a server's per call)
+        self._controls: dict[str, int | None] = {}  # control_token's
         # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
         self.decode_seconds = 0.0
         self.decode_calls = 0
@@ -468,6 +469,21 @@ class LlamaRunner:
         if not self._lib.llama_vocab_get_attr(self._vocab, ids[0]) & kinds:
             return None
         return ids[0] if self.piece(ids[0]) == text.encode() else None
+
+    def control_token(self, text: str) -> int | None:
+        """The one control token spelled ``text`` (a format's opening of a call, such as
+        Mistral's ``[TOOL_CALLS]``, which an answer's text shows as nothing); None where this
+        vocabulary has none."""
+        if text not in self._controls:
+            self._controls[text] = self._find_control(text)
+        return self._controls[text]
+
+    def _find_control(self, text: str) -> int | None:
+        ids = self.tokenize(text, add_bos=False, special=True)
+        if len(ids) != 1:
+            return None
+        attributes = self._lib.llama_vocab_get_attr(self._vocab, ids[0])
+        return ids[0] if attributes & self._lib.LLAMA_TOKEN_ATTR_CONTROL else None
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))

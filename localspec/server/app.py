@@ -54,7 +54,17 @@ from .openai_schema import (
     usage_chunk,
 )
 from .queue import EngineUnavailableError, EngineWorker, Job, JobEvent, JobFailed, QueueFullError
-from .tool_calls import ToolCallStream, ToolError, ToolFormat, call_tags, forced_calls, tool_format
+from .tool_calls import (
+    ToolCallStream,
+    ToolError,
+    ToolFormat,
+    call_deltas,
+    call_opener,
+    call_tags,
+    forced_calls,
+    held_calls,
+    tool_format,
+)
 
 if TYPE_CHECKING:
     from ..engine.decoder import GenerationRequest, SpeculativeEngine
@@ -347,9 +357,13 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     if parsed.tools or parsed.tool_turns:
         try:
             fmt = tool_format(engine.target.chat_template, model)
+            tags = call_tags(engine.target.special_token) if fmt == "tagged" else None
             if parsed.tool_request.forced:
-                tags = call_tags(engine.target.special_token) if fmt == "tagged" else None
                 parsed = replace(parsed, output=forced_calls(parsed.tool_request, fmt, tags))
+            elif parsed.tool_request.strict:
+                opener = call_opener(fmt, engine.target.control_token)
+                parsed = replace(parsed, output=held_calls(parsed.tool_request, fmt, tags,
+                                                           opener))
         except ToolError as exc:
             raise tool_error(exc) from None
     options = request_options(parsed, state.config)
@@ -437,8 +451,10 @@ async def _stream(state: ServerState, parsed: ParsedRequest, fmt: ToolFormat, ri
     # The status line (200) is sent with the first event: an error from here on can only be
     # an error event, and is counted like an error status.
     kind = parsed.kind
-    # Where the model was shown tools, a call is held back from the content and sent whole.
-    calling = ToolCallStream(parsed.tool_names, fmt) if parsed.tools else None
+    # Where the model was shown tools, a call is held back from the content and sent whole;
+    # where a grammar holds the calls, each is sent as it is written.
+    piecewise = bool(parsed.tool_request.forced or parsed.tool_request.strict)
+    calling = ToolCallStream(parsed.tool_names, fmt, piecewise) if parsed.tools else None
     try:
         if kind == "chat":
             yield sse(chunk(kind, rid, model, "", first=True))
@@ -448,13 +464,18 @@ async def _stream(state: ServerState, parsed: ParsedRequest, fmt: ToolFormat, ri
                 text = calling.feed(event.text) if calling is not None else event.text
                 if text:
                     yield sse(chunk(kind, rid, model, text, drafted=event.drafted))
+                pieces = calling.pieces() if calling is not None else []
+                if pieces:
+                    yield sse(chunk(kind, rid, model, pieces=pieces))
                 continue
             if isinstance(event, Finished) and event.finish_reason != "cancelled":
                 tail, calls = calling.finish() if calling is not None else ("", [])
                 if tail:
                     yield sse(chunk(kind, rid, model, tail))
-                if calls:
-                    yield sse(chunk(kind, rid, model, calls=calls))
+                unsent = calls[calling.streamed:] if calling is not None else []
+                if unsent:
+                    yield sse(chunk(kind, rid, model, pieces=call_deltas(
+                        unsent, len(calls) - len(unsent))))
                 yield sse(chunk(kind, rid, model, done=event, called=bool(calls)))
                 if parsed.include_usage:
                     yield sse(usage_chunk(kind, rid, model, event))

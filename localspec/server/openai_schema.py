@@ -25,7 +25,6 @@ from .tool_calls import (
     ToolFormat,
     ToolRequest,
     assistant_tool_calls,
-    call_deltas,
     parse_tools,
     split_tool_calls,
 )
@@ -549,9 +548,10 @@ def full_response(kind: Kind, rid: str, model: str, done: Finished,
 
 def chunk(kind: Kind, rid: str, model: str, text: str | None = None, *, first: bool = False,
           drafted: bool = False, done: Finished | None = None,
-          calls: Sequence[Mapping[str, Any]] = (), called: bool = False) -> dict[str, Any]:
-    """One streamed chunk: the role (chat, first), a text delta, the calls read from the
-    answer, or the finish with timings (``called``: the answer called tools)."""
+          pieces: Sequence[Mapping[str, Any]] = (), called: bool = False) -> dict[str, Any]:
+    """One streamed chunk: the role (chat, first), a text delta, calls or pieces of them (a
+    stream's ``delta.tool_calls``, see ``call_deltas``), or the finish with timings
+    (``called``: the answer called tools)."""
     reason = finish_reason(done, called) if done is not None else None
     if kind == "chat":
         delta: dict[str, Any] = {}
@@ -559,8 +559,8 @@ def chunk(kind: Kind, rid: str, model: str, text: str | None = None, *, first: b
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        if calls:
-            delta["tool_calls"] = call_deltas(calls)
+        if pieces:
+            delta["tool_calls"] = list(pieces)
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason,
                                   "logprobs": None}
     else:

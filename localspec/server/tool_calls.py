@@ -10,9 +10,10 @@ and Mistral's, a ``[TOOL_CALLS]`` token and a JSON array of them. Any of these f
 whatever the template (Qwen2.5-Coder writes the untagged one under its own). A call without
 tags counts only as the whole answer; any call, only to a tool that was offered. Where
 ``tool_choice`` forces a call, the answer is held to a grammar of these forms
-(``forced_calls``). A template that does
-not take tools, or asks for calls in another format, is a 400 naming it, so a client never
-believes a tool was offered to a model that was not shown it. Text that does not parse as calls
+(``forced_calls``); where a tool is ``strict``, any call is held so from where it begins
+(``held_calls``). A template that does not take tools, or asks for calls in another format,
+is a 400 naming it, so a client never believes a tool was offered to a model that was not
+shown it. Text that does not parse as calls
 is answered as text: nothing the model wrote is dropped.
 
 Pure functions and one small state machine; nothing here touches HTTP or the engine.
@@ -55,11 +56,15 @@ class ToolRequest:
     tools: tuple[dict[str, Any], ...] = ()
     forced: tuple[str, ...] = ()
     parallel: bool = True
+    # The tools whose "strict" is true: a call to one is held to its parameters even where
+    # the model chooses whether to call (see ``held_calls``).
+    strict: tuple[str, ...] = ()
 
 
 def parse_tools(value: Any, choice: Any, parallel: Any = None) -> ToolRequest:
     """The tools the model is shown (none where ``tool_choice`` is "none": the model is not
-    to call one, so it is not told of them) and the call ``tool_choice`` forces."""
+    to call one, so it is not told of them), the call ``tool_choice`` forces, and the tools
+    whose ``strict`` is true."""
     if parallel is not None and not isinstance(parallel, bool):
         raise ToolError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
     if value is None:
@@ -74,7 +79,9 @@ def parse_tools(value: Any, choice: Any, parallel: Any = None) -> ToolRequest:
         return ToolRequest()
     forced = () if mode == "auto" else \
         tuple(t["function"]["name"] for t in tools) if mode == "required" else (mode,)
-    return ToolRequest(tools, forced, parallel is not False)
+    strict = tuple(item["function"]["name"] for item in value or ()
+                   if item["function"].get("strict") is True)
+    return ToolRequest(tools, forced, parallel is not False, strict)
 
 
 def _tool_choice(value: Any, tools: Sequence[dict[str, Any]]) -> str:
@@ -221,20 +228,51 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat,
         if tags:  # the vocabulary's own tokens, or the tags in pieces: whichever the model likes
             opened, closed = f"({opened} | <[{tags[0]}]>)", f"({closed} | <[{tags[1]}]>)"
         rules["tagged"] = f"{opened} WS? call WS? {closed}"
+    rules["call"] = _call_rules(rules, request, fmt, request.forced, request.forced)
+    # A line break after the last call, before the end: it would otherwise have to begin
+    # another call.
+    rules["start"] = f"({rules['start']}) WS?"
+    return _checked(rules)
+
+
+def _call_rules(rules: dict[str, str], request: ToolRequest, fmt: ToolFormat,
+                names: Collection[str], held: Collection[str], either_key: bool = False) -> str:
+    """Adds to ``rules`` a rule ``call_i`` for each tool of ``names``, its arguments held to
+    its parameters where it is one of ``held`` (any object otherwise), and ``after_i``, the
+    call after its arguments' key (under the format's key, or ``either_key`` of those read);
+    returns the rule that is any of the calls."""
     # Each call spelled out, its arguments a schema of their own: a tool's "$ref"s point into
     # its parameters, which would not resolve nested inside a call's schema.
     key = json.dumps(json.dumps(_ARGUMENTS_KEY[fmt]))
+    if either_key:
+        key = "(" + " | ".join(json.dumps(json.dumps(k)) for k in sorted(_ARGUMENTS)) + ")"
     calls = []
     for i, tool in enumerate(request.tools):
         fn = tool["function"]
-        if fn["name"] in request.forced:
-            name = json.dumps(json.dumps(fn["name"], ensure_ascii=False), ensure_ascii=False)
-            rules[f"call_{i}"] = (f'"{{" WS? "\\"name\\"" WS? ":" WS? {name} WS? "," WS? '
-                                  f'{key} WS? ":" WS? arguments_{i} WS? "}}"')
-            rules[f"arguments_{i}"] = "%json " + json.dumps(
-                _arguments_schema(fn, f"tools[{i}].function.parameters"))
+        if fn["name"] in names:
+            rules[f"call_{i}"] = (f'"{{" WS? "\\"name\\"" WS? ":" WS? {_lark_string(fn["name"])}'
+                                  f' WS? "," WS? {key} WS? ":" after_{i}')
+            rules[f"after_{i}"] = f'WS? arguments_{i} WS? "}}"'
+            schema = _arguments_schema(fn, f"tools[{i}].function.parameters") \
+                if fn["name"] in held else _ANY_ARGUMENTS
+            rules[f"arguments_{i}"] = "%json " + json.dumps(schema)
             calls.append(f"call_{i}")
-    rules |= {"call": " | ".join(calls), "WS": f"/{_CALL_SPACE}/"}
+    rules["WS"] = f"/{_CALL_SPACE}/"
+    return " | ".join(calls)
+
+
+# A call's arguments where they are not held to the tool's parameters: an object, with
+# whitespace as pretty-printing takes but bounded (a model must not loop on blanks).
+_ANY_ARGUMENTS = {"type": "object",
+                  "x-guidance": {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,64}"}}
+
+
+def _lark_string(text: str) -> str:
+    """``text`` as a JSON string, as a Lark literal."""
+    return json.dumps(json.dumps(text, ensure_ascii=False), ensure_ascii=False)
+
+
+def _checked(rules: Mapping[str, str]) -> OutputFormat:
     lark = "\n".join(f"{name}: {rule}" for name, rule in rules.items())
     out = OutputFormat(lark=lark)
     try:
@@ -244,6 +282,93 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat,
     return out
 
 
+# -- a strict tool's call, where the model chooses whether to call ------------------------------
+# Under tool_choice "auto" with a tool whose "strict" is true, the answer is free text until it
+# begins a call; from there on it is held, as a forced call is: a strict tool's arguments to its
+# parameters, another tool's to an object. A call begins at a <tool_call> tag (the vocabulary's
+# own token, or spelled out), at a format's opening control token (Mistral's [TOOL_CALLS],
+# Llama's <|python_tag|>) as the answer's first, or where the answer begins as an untagged call,
+# bare, in an array or fenced: {"name": "<an offered tool>", "arguments": (or "parameters").
+# Text that begins no call is not touched: a JSON answer that names no offered tool, or names
+# one without arguments (data, as the reader takes it), is free, and so is a call in words
+# ("Call it so: {...}"), which is not read as one. Not held either, though read: the arguments
+# before the name, and Mistral's name{arguments}.
+_ANY_SPACE = r"[ \t\r\n]*"
+_ANY_TEXT = r"(.|\n)*"
+
+
+def held_calls(request: ToolRequest, fmt: ToolFormat, tags: tuple[int, int] | None = None,
+               opener: int | None = None) -> OutputFormat:
+    """What the answer must be where ``tool_choice`` is "auto" and some tools are strict
+    (``request.strict``): any text, except that a call, from where it begins, is one in a
+    form of ``fmt`` to an offered tool, a strict one's arguments held to its parameters.
+    ``tags``: the vocabulary's own tokens for the two tags (see ``call_tags``); ``opener``:
+    the format's control token that opens a call, where the vocabulary has it."""
+    rules: dict[str, str] = {"start": "bare | free"}
+    names = [t["function"]["name"] for t in request.tools]
+    rules["call"] = _call_rules(rules, request, fmt, names, request.strict, either_key=True)
+    rules |= _untagged_rules(request)
+    if opener is not None:
+        opened = '"[" WS? call (WS? "," WS? call)* WS? "]" | call (WS? ";"? WS? call)*' \
+            if request.parallel else '"[" WS? call WS? "]" | call'
+        rules["start"] += f" | <[{opener}]> WS? ({opened}) WS?"
+    rules |= _tagged_rules(tags, request.parallel)
+    return _checked(rules)
+
+
+def _untagged_rules(request: ToolRequest) -> dict[str, str]:
+    """``bare``: an answer that is untagged calls; ``FIRST``: text that does not begin as one.
+    A call's head, up to its arguments' key, is one lexeme, so that FIRST (a lexeme too) is
+    told from it where the head is whole."""
+    fence = rf"{_ANY_SPACE}(```(json)?{_ANY_SPACE})?" + \
+        "".join(rf"({re.escape(p)}{_ANY_SPACE})?" for p in _CALL_PREFIXES)
+    key = "(" + "|".join(re.escape(json.dumps(k)) for k in sorted(_ARGUMENTS)) + ")"
+    rules: dict[str, str] = {}
+    heads, plain, listed = [], [], []
+    for i, tool in enumerate(request.tools):
+        name = re.escape(json.dumps(tool["function"]["name"], ensure_ascii=False))
+        head = rf'\{{{_ANY_SPACE}"name"{_ANY_SPACE}:{_ANY_SPACE}{name}{_ANY_SPACE},' \
+            rf"{_ANY_SPACE}{key}{_ANY_SPACE}:"
+        heads.append(rf"(\[{_ANY_SPACE})?{head}")
+        rules[f"HEAD_{i}"] = _lark_regex(fence + head)
+        rules[f"LISTED_{i}"] = _lark_regex(rf"{fence}\[{_ANY_SPACE}{head}")
+        plain.append(f"HEAD_{i} after_{i}")
+        listed.append(f"LISTED_{i} after_{i}")
+    then, among = (' (WS? ";"? WS? call)*', ' (WS? "," WS? call)*') if request.parallel \
+        else ("", "")
+    rules["bare"] = (f'(({" | ".join(plain)}){then} | ({" | ".join(listed)}){among} WS? "]")'
+                     ' (WS? "```")? WS?')
+    rules["FIRST"] = _excluding(fence + "(" + "|".join(heads) + ")")
+    return rules
+
+
+def _tagged_rules(tags: tuple[int, int] | None, parallel: bool) -> dict[str, str]:
+    """``free``: text, and the calls between tags in it. The reader takes tags in any format."""
+    closed = json.dumps(CLOSE) + (f" | <[{tags[1]}]>" if tags else "")
+    # Spelled out, a tag ends the text before it where it first appears (a lazy lexeme); the
+    # vocabulary's own tag token is no text, so the text before it has ended there.
+    token = f" | FIRST <[{tags[0]}]>" if tags else ""
+    rules = {"opened": f"first_tag{token}", "first_tag[lazy]": f"FIRST {json.dumps(OPEN)}",
+             "block": f"WS? call WS? ({closed})"}
+    if not parallel:  # one call: the text after it opens no other
+        return rules | {"free": "FIRST | opened block REST",
+                        "REST": _excluding(re.escape(OPEN), anywhere=True)}
+    return rules | {"free": "FIRST | opened block (again block)* TEXT",
+                    "again": "tag" + (f" | TEXT <[{tags[0]}]>" if tags else ""),
+                    "tag[lazy]": f"TEXT {json.dumps(OPEN)}", "TEXT": _lark_regex(_ANY_TEXT)}
+
+
+def _excluding(pattern: str, anywhere: bool = False) -> str:
+    """A Lark token of any text but that which begins (or, ``anywhere``, holds) ``pattern``."""
+    before = _ANY_TEXT if anywhere else ""
+    return f"{_lark_regex(_ANY_TEXT)} & ~{_lark_regex(before + pattern + _ANY_TEXT)}"
+
+
+def _lark_regex(pattern: str) -> str:
+    """``pattern`` as a Lark regex literal (a "/" in it would end one)."""
+    return "/" + pattern.replace("/", r"\/") + "/"
+
+
 def call_tags(special_token: Callable[[str], int | None]) -> tuple[int, int] | None:
     """The tokens a vocabulary spells the two tags with, where both are its own (Qwen's and
     Hermes' are). A grammar's literal text is never written as such a token (llguidance
@@ -251,6 +376,14 @@ def call_tags(special_token: Callable[[str], int | None]) -> tuple[int, int] | N
     tags only in pieces, not as the model's template writes them."""
     opened, closed = special_token(OPEN), special_token(CLOSE)
     return (opened, closed) if opened is not None and closed is not None else None
+
+
+def call_opener(fmt: ToolFormat, control_token: Callable[[str], int | None]) -> int | None:
+    """The control token that opens a call in ``fmt`` (Mistral's ``[TOOL_CALLS]``, Llama's
+    ``<|python_tag|>``), where the vocabulary has it: under a grammar, a token not named in it
+    could not be written, and a model that opens its calls so would be kept from calling."""
+    tag = {"mistral": _MISTRAL_TAG, "json": "<|python_tag|>"}.get(fmt)
+    return control_token(tag) if tag else None
 
 
 def _many(item: str, separator: str, parallel: bool) -> str:
@@ -396,13 +529,20 @@ class ToolCallStream:
     """A streamed answer's text, passed on as content until a call may have begun: from a
     ``<tool_call>`` on (or the start of one at a chunk's end), or from an answer's start that
     may be a call without tags, it is held, to be read as calls at the finish, or, if it is
-    not one, sent then as content. ``names``: the tools offered; ``fmt``: the template's."""
+    not one, sent then as content. ``names``: the tools offered; ``fmt``: the template's.
+
+    ``piecewise``: the answer is held to a grammar of calls (``forced_calls``,
+    ``held_calls``), so a call that has begun is one: each is sent as it is written
+    (``pieces``), its name once its arguments begin and then its arguments as they come, as
+    OpenAI streams a call."""
 
     names: Collection[str] = ()
     fmt: ToolFormat = "tagged"
+    piecewise: bool = False
     _held: str = ""
     _calling: bool = False
     _opening: bool = True  # the answer's start is still to be told a bare call or not
+    _scanner: _CallScanner | None = None
 
     def feed(self, text: str) -> str:
         """The part of ``text`` to send as content now."""
@@ -430,23 +570,118 @@ class ToolCallStream:
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
 
+    def pieces(self) -> list[dict[str, Any]]:
+        """With ``piecewise``: what the calls held so far add to what was sent of them, as a
+        stream's ``delta.tool_calls`` (a call's first with its id and name)."""
+        if not (self.piecewise and self._calling):
+            return []
+        if self._scanner is None:
+            self._scanner = _CallScanner(self.names, self.fmt)
+        return self._scanner.pieces(self._held)
+
+    @property
+    def streamed(self) -> int:
+        """How many calls ``pieces`` began."""
+        return self._scanner.begun if self._scanner is not None else 0
+
     def release(self) -> str:
-        """The text held so far, as content: the answer ended without a finish (an error)."""
+        """The text held so far, as content: the answer ended without a finish (an error).
+        A call streamed in pieces has been sent as one already."""
         held, self._held, self._calling = self._held, "", False
-        return held
+        return "" if self.streamed else held
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """The content still to send, and the calls."""
+        """The content still to send, and the calls (all, also those streamed in pieces)."""
         held, self._held = self._held, ""
         if not self._calling:
             return held, []
         content, calls = split_tool_calls(held, self.names, self.fmt)
         if not calls:
-            return held, []
+            # Cut short (max_tokens, a stop string): a call streamed is sent as far as it went.
+            return ("" if self.streamed else held), []
         # Text after the calls is content too, sent after the text before them.
         return content or "", calls
 
 
-def call_deltas(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The calls as a stream's ``delta.tool_calls``: each whole, with its index."""
-    return [{"index": i, **dict(call)} for i, call in enumerate(calls)]
+# Where a held answer's next call begins: past what may come between calls (the last one's
+# closing brace, blanks, separators, fences, tags and a format's openings), its head up to its
+# arguments, once they have begun (a grammar holds them to an object).
+_BETWEEN_CALLS = "|".join(re.escape(t) for t in (OPEN, CLOSE, *_CALL_PREFIXES))
+_NEXT_CALL = re.compile(
+    r"(?:\s|[;,\[\]}]|```(?:json)?|" + _BETWEEN_CALLS + r")*"
+    r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+
+@dataclass(slots=True)
+class _CallScanner:
+    """The calls of a held answer as they are written, read once: each call's name where its
+    arguments begin, then its arguments up to where the object they are closes."""
+
+    names: Collection[str]
+    fmt: ToolFormat
+    begun: int = 0  # calls whose name was sent
+    _at: int = 0  # where reading goes on: the next call's head, or the open call's arguments
+    _sent: int | None = None  # how far the open call's arguments were sent (None: no call open)
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+
+    def pieces(self, text: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            if self._sent is None:
+                match = _NEXT_CALL.match(text, self._at)
+                if match is None:  # not yet written (or text, not a call: the finish reads it)
+                    return out
+                try:
+                    name = json.loads(match.group(1))
+                except ValueError:  # not a JSON string: no call a grammar let through
+                    return out
+                if name not in self.names:
+                    return out
+                out.append({"index": self.begun, "id": _call_id(self.fmt), "type": "function",
+                            "function": {"name": name, "arguments": ""}})
+                self.begun += 1
+                self._sent = self._at = match.end()
+            end = self._scan(text)
+            upto = len(text) if end is None else end
+            if upto > self._sent:  # one delta per call and chunk, as OpenAI sends them
+                if out and out[-1]["index"] == self.begun - 1:
+                    out[-1]["function"]["arguments"] += text[self._sent:upto]
+                else:
+                    out.append({"index": self.begun - 1,
+                                "function": {"arguments": text[self._sent:upto]}})
+            self._sent = upto
+            if end is None:
+                return out
+            self._sent, self._at = None, end
+
+    def _scan(self, text: str) -> int | None:
+        """Where the open call's arguments end (past their closing brace), or None while
+        they go on; scanned from where the last look stopped."""
+        for i in range(self._at, len(text)):
+            ch = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._at = i + 1
+                    return i + 1
+        self._at = len(text)
+        return None
+
+
+def call_deltas(calls: Sequence[Mapping[str, Any]], first: int = 0) -> list[dict[str, Any]]:
+    """The calls as a stream's ``delta.tool_calls``: each whole, with its index (from
+    ``first``)."""
+    return [{"index": first + i, **dict(call)} for i, call in enumerate(calls)]
