@@ -379,6 +379,24 @@ def test_a_held_call_is_streamed_in_pieces_as_the_model_writes_it(tmp_path: Path
     assert max(carrying) < finish and parts[finish].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_held_call_cut_short_is_streamed_as_far_as_it_went_and_finishes_for_length(
+        tmp_path: Path) -> None:
+    def stream(max_tokens: int) -> list[Any]:
+        return list(api.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[CITY, TIME], tool_choice="required",  # type: ignore[arg-type, list-item]
+            max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+    with _serving(_tag_token_model(tmp_path), n_ctx=2048) as api:
+        whole = stream(FORCED_MAX_TOKENS)[-1].usage.completion_tokens
+        parts = stream(whole - 2)  # the arguments' end cut off
+    deltas = [t for p in parts for c in p.choices for t in c.delta.tool_calls or []]
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert [d.function.name for d in deltas if d.id] == ["get_time"]
+    assert arguments == '{"zone":'  # the script's token before its last two
+    assert "".join(c.delta.content or "" for p in parts for c in p.choices) == ""
+    assert [c.finish_reason for p in parts for c in p.choices if c.finish_reason] == ["length"]
+
+
 def test_tools_whose_parameters_cannot_hold_a_call_are_400_naming_them(
         client: openai.OpenAI) -> None:
     broken = {"type": "function", "function": {"name": "f", "parameters": {
@@ -936,13 +954,48 @@ def test_held_calls_in_an_array_are_sent_one_after_another() -> None:
 
 
 def test_a_held_call_cut_short_is_sent_as_far_as_it_went() -> None:
+    """Cut short (max_tokens), the calls are what was sent of them and the text around
+    them is content; not sent again as content, and the same where an error ends it."""
+    pieces = ['ok <tool_call>{"name": "f", "arguments": {}}</tool_call> and ',
+              '<tool_call>{"name": "f", "arguments": {"a": 1']
     stream = ToolCallStream({"f"}, piecewise=True)
-    _, deltas = _streamed(stream, ['<tool_call>{"name": "f", "arguments": {"a": 1'])
-    assert _arguments(deltas, 0) == '{"a": 1'
-    assert stream.finish() == ("", [])  # not sent again as content
+    content, deltas = _streamed(stream, pieces)
+    assert (content, _arguments(deltas, 0), _arguments(deltas, 1)) == ("ok ", "{}", '{"a": 1')
+    assert stream.finish() == ("and", []) and stream.streamed == 2
     stream = ToolCallStream({"f"}, piecewise=True)
-    _streamed(stream, ['<tool_call>{"name": "f", "arguments": {"a": 1'])
-    assert stream.release() == ""
+    _streamed(stream, pieces)
+    assert stream.release() == "and"
+
+
+STREAMED_TEXTS = [
+    'a <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call> b <tool_call>'
+    '{"name": "my tool", "arguments": {}}</tool_call> c',
+    # After the tagged calls, text shaped like a call is text, as the reader takes it.
+    '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n{"name": "f", "arguments": {"a": 2}}',
+    '{"name": "f", "arguments": {}}; {"name": "my tool", "parameters": {"a": [1, "]"]}}',
+    '```json\n{"name": "f", "arguments": {"a": "}\\\\"}}\n```',
+    '<tool_call>{"name": "g", "arguments": {}}</tool_call>',  # not an offered tool
+    '{"arguments": {"a": 1}, "name": "f"}',  # read, though not as the stream reads a call
+]
+
+
+@pytest.mark.parametrize("text", STREAMED_TEXTS)
+@pytest.mark.parametrize("size", [1, 3, 7])
+def test_calls_streamed_in_pieces_are_the_calls_of_the_whole_answer(text: str, size: int) -> None:
+    """What a client puts together from the pieces (and the calls sent whole at the finish)
+    is the whole answer's calls and content."""
+    names = {"f", "my tool"}
+    whole_content, whole_calls = split_tool_calls(text, names)
+    stream = ToolCallStream(names, piecewise=True)
+    content, deltas = _streamed(stream, [text[i:i + size] for i in range(0, len(text), size)])
+    tail, calls = stream.finish()
+    got = [(d["function"]["name"], json.loads(_arguments(deltas, d["index"])))
+           for d in deltas if "id" in d]
+    got += [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in calls[stream.streamed:]]
+    assert got == [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                   for c in whole_calls]
+    assert (content + " " + tail).split() == (whole_content or "").split()
 
 
 def test_a_call_not_held_is_sent_whole_at_the_finish() -> None:

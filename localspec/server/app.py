@@ -472,11 +472,14 @@ async def _stream(state: ServerState, parsed: ParsedRequest, fmt: ToolFormat, ri
                 tail, calls = calling.finish() if calling is not None else ("", [])
                 if tail:
                     yield sse(chunk(kind, rid, model, tail))
-                unsent = calls[calling.streamed:] if calling is not None else []
-                if unsent:
-                    yield sse(chunk(kind, rid, model, pieces=call_deltas(
-                        unsent, len(calls) - len(unsent))))
-                yield sse(chunk(kind, rid, model, done=event, called=bool(calls)))
+                streamed = calling.streamed if calling is not None else 0
+                if calls[streamed:]:
+                    yield sse(chunk(kind, rid, model,
+                                    pieces=call_deltas(calls[streamed:], streamed)))
+                # Calls sent in pieces were calls, even where the whole did not read back as
+                # them (cut short by max_tokens, which the finish says instead).
+                called = bool(calls) or (streamed > 0 and event.finish_reason != "length")
+                yield sse(chunk(kind, rid, model, done=event, called=called))
                 if parsed.include_usage:
                     yield sse(usage_chunk(kind, rid, model, event))
                 break

@@ -338,24 +338,29 @@ def _untagged_rules(request: ToolRequest) -> dict[str, str]:
         else ("", "")
     rules["bare"] = (f'(({" | ".join(plain)}){then} | ({" | ".join(listed)}){among} WS? "]")'
                      ' (WS? "```")? WS?')
-    rules["FIRST"] = _excluding(fence + "(" + "|".join(heads) + ")")
+    rules["FIRST"] = _excluding(fence + "(" + "|".join(heads) + ")") + \
+        f" & ~{_lark_regex(_ANY_TEXT + re.escape(OPEN) + _ANY_TEXT)}"
     return rules
 
 
 def _tagged_rules(tags: tuple[int, int] | None, parallel: bool) -> dict[str, str]:
-    """``free``: text, and the calls between tags in it. The reader takes tags in any format."""
+    """``free``: text, and the calls between tags in it. The reader takes tags in any format.
+    No text holds the tag spelled out but where it opens a held call, so every tag in a held
+    answer opens one (which is what lets a stream send a call as it is written)."""
     closed = json.dumps(CLOSE) + (f" | <[{tags[1]}]>" if tags else "")
-    # Spelled out, a tag ends the text before it where it first appears (a lazy lexeme); the
-    # vocabulary's own tag token is no text, so the text before it has ended there.
-    token = f" | FIRST <[{tags[0]}]>" if tags else ""
-    rules = {"opened": f"first_tag{token}", "first_tag[lazy]": f"FIRST {json.dumps(OPEN)}",
-             "block": f"WS? call WS? ({closed})"}
+    # A tag spelled out ends the text before it (one lexeme with it, so that the text's lexeme
+    # is not cut short before the tag's last character); the vocabulary's own tag token is no
+    # text, so the text before it has ended there.
+    token = f"<[{tags[0]}]>" if tags else None
+    rules = {"opened": "first_tag" + (f" | FIRST {token}" if token else ""),
+             "first_tag[lazy]": f"FIRST {json.dumps(OPEN)}",
+             "block": f"WS? call WS? ({closed})",
+             "REST": _excluding(re.escape(OPEN), anywhere=True)}
     if not parallel:  # one call: the text after it opens no other
-        return rules | {"free": "FIRST | opened block REST",
-                        "REST": _excluding(re.escape(OPEN), anywhere=True)}
-    return rules | {"free": "FIRST | opened block (again block)* TEXT",
-                    "again": "tag" + (f" | TEXT <[{tags[0]}]>" if tags else ""),
-                    "tag[lazy]": f"TEXT {json.dumps(OPEN)}", "TEXT": _lark_regex(_ANY_TEXT)}
+        return rules | {"free": "FIRST | opened block REST"}
+    return rules | {"free": "FIRST | opened block (again block)* REST",
+                    "again": "tag" + (f" | REST {token}" if token else ""),
+                    "tag[lazy]": f"REST {json.dumps(OPEN)}"}
 
 
 def _excluding(pattern: str, anywhere: bool = False) -> str:
@@ -576,7 +581,7 @@ class ToolCallStream:
         if not (self.piecewise and self._calling):
             return []
         if self._scanner is None:
-            self._scanner = _CallScanner(self.names, self.fmt)
+            self._scanner = _CallScanner(self.names, self.fmt, self._held.startswith(OPEN))
         return self._scanner.pieces(self._held)
 
     @property
@@ -586,63 +591,68 @@ class ToolCallStream:
 
     def release(self) -> str:
         """The text held so far, as content: the answer ended without a finish (an error).
-        A call streamed in pieces has been sent as one already."""
+        Calls streamed in pieces were sent as calls; the text around them is content."""
         held, self._held, self._calling = self._held, "", False
-        return "" if self.streamed else held
+        return self._around_calls(held) if self.streamed else held
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """The content still to send, and the calls (all, also those streamed in pieces)."""
+        """The content still to send, and the calls (all, also those streamed in pieces: the
+        first ``streamed`` of them were sent so)."""
         held, self._held = self._held, ""
         if not self._calling:
             return held, []
         content, calls = split_tool_calls(held, self.names, self.fmt)
+        if self.streamed:
+            # Read as the stream sent it: the calls, or (cut short by max_tokens or a stop
+            # string, or arguments a client could not parse) none more than were sent.
+            return self._around_calls(held), calls if len(calls) >= self.streamed else []
         if not calls:
-            # Cut short (max_tokens, a stop string): a call streamed is sent as far as it went.
-            return ("" if self.streamed else held), []
+            return held, []
         # Text after the calls is content too, sent after the text before them.
         return content or "", calls
 
+    def _around_calls(self, held: str) -> str:
+        """The text of a held answer that is not its calls: between and after tagged ones (an
+        untagged answer is calls alone)."""
+        return _CALL.sub("", held).strip() if held.startswith(OPEN) else ""
 
-# Where a held answer's next call begins: past what may come between calls (the last one's
-# closing brace, blanks, separators, fences, tags and a format's openings), its head up to its
-# arguments, once they have begun (a grammar holds them to an object).
-_BETWEEN_CALLS = "|".join(re.escape(t) for t in (OPEN, CLOSE, *_CALL_PREFIXES))
-_NEXT_CALL = re.compile(
-    r"(?:\s|[;,\[\]}]|```(?:json)?|" + _BETWEEN_CALLS + r")*"
-    r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+# Where a held answer's next call begins, up to its arguments, once they have begun (a
+# grammar holds them to an object): in a tagged answer, right after a tag (every tag in a held
+# answer opens a call); in an untagged one, past what may come between calls (the last one's
+# closing brace, blanks, separators, fences and a format's openings).
+_HEAD = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+_TAGGED_HEAD = re.compile(re.escape(OPEN) + r"\s*" + _HEAD)
+_UNTAGGED_HEAD = re.compile(
+    r"(?:\s|[;,\[\]}]|```(?:json)?|" + "|".join(map(re.escape, _CALL_PREFIXES)) + r")*" + _HEAD)
+# How far past where a head may begin it is looked for: a head is short, and a window keeps
+# each look from reading all of a long text that is none.
+_HEAD_WINDOW = 256
 
 
 @dataclass(slots=True)
 class _CallScanner:
     """The calls of a held answer as they are written, read once: each call's name where its
-    arguments begin, then its arguments up to where the object they are closes."""
+    arguments begin, then its arguments up to where the object they are closes. ``tagged``:
+    the answer's calls are in tags (else it is untagged calls alone)."""
 
     names: Collection[str]
     fmt: ToolFormat
+    tagged: bool
     begun: int = 0  # calls whose name was sent
     _at: int = 0  # where reading goes on: the next call's head, or the open call's arguments
     _sent: int | None = None  # how far the open call's arguments were sent (None: no call open)
     _depth: int = 0
     _in_string: bool = False
     _escaped: bool = False
+    _done: bool = False  # what follows the last call is no call this reads
 
     def pieces(self, text: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        while True:
-            if self._sent is None:
-                match = _NEXT_CALL.match(text, self._at)
-                if match is None:  # not yet written (or text, not a call: the finish reads it)
-                    return out
-                try:
-                    name = json.loads(match.group(1))
-                except ValueError:  # not a JSON string: no call a grammar let through
-                    return out
-                if name not in self.names:
-                    return out
-                out.append({"index": self.begun, "id": _call_id(self.fmt), "type": "function",
-                            "function": {"name": name, "arguments": ""}})
-                self.begun += 1
-                self._sent = self._at = match.end()
+        while not self._done:
+            if self._sent is None and not self._begin(text, out):
+                break
+            assert self._sent is not None
             end = self._scan(text)
             upto = len(text) if end is None else end
             if upto > self._sent:  # one delta per call and chunk, as OpenAI sends them
@@ -653,8 +663,31 @@ class _CallScanner:
                                 "function": {"arguments": text[self._sent:upto]}})
             self._sent = upto
             if end is None:
-                return out
-            self._sent, self._at = None, end
+                break
+            self._sent = None
+        return out
+
+    def _begin(self, text: str, out: list[dict[str, Any]]) -> bool:
+        """Whether the next call's head is written: its first delta then goes to ``out``."""
+        at = self._at
+        if self.tagged:
+            found = text.find(OPEN, at)
+            if found < 0:  # no tag yet: the next look starts where one could still begin
+                self._at = max(at, len(text) - len(OPEN) + 1)
+                return False
+            at = self._at = found
+        limit = at + _HEAD_WINDOW + max(map(len, self.names), default=0)
+        match = (_TAGGED_HEAD if self.tagged else _UNTAGGED_HEAD).match(text, at, limit)
+        name = _json_string(match.group(1)) if match else None
+        if match is None or name not in self.names:
+            # Not written yet, or (a window read, or a name no grammar let through) not a call.
+            self._done = len(text) >= limit or match is not None
+            return False
+        out.append({"index": self.begun, "id": _call_id(self.fmt), "type": "function",
+                    "function": {"name": name, "arguments": ""}})
+        self.begun += 1
+        self._sent = self._at = match.end()
+        return True
 
     def _scan(self, text: str) -> int | None:
         """Where the open call's arguments end (past their closing brace), or None while
@@ -679,6 +712,14 @@ class _CallScanner:
                     return i + 1
         self._at = len(text)
         return None
+
+
+def _json_string(literal: str) -> str | None:
+    try:
+        value = json.loads(literal)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
 
 
 def call_deltas(calls: Sequence[Mapping[str, Any]], first: int = 0) -> list[dict[str, Any]]:
