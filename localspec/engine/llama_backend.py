@@ -349,8 +349,8 @@ class LlamaRunner:
         # costs ~0.1 ms right after a decode, a visible share of a fast GPU step.
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self._pieces: dict[int, bytes] = {}
-        self._specials: dict[str, int | None] = {}  # special_token's answers (a server's per call)
-        self._controls: dict[str, int | None] = {}  # control_token's
+        # _spelled's answers: a server asks for a template's tags on every call.
+        self._spellings: dict[str, int | None] = {}
         # Seconds spent inside llama_decode since load: wall time minus this is host overhead.
         self.decode_seconds = 0.0
         self.decode_calls = 0
@@ -457,33 +457,28 @@ class LlamaRunner:
         as ``text`` (a template's tag, such as Qwen's ``<tool_call>``); None where this
         vocabulary writes it as plain text, or its token shows as nothing (a control token's
         piece is empty: a call written in it would lose its tags)."""
-        if text not in self._specials:
-            self._specials[text] = self._find_special(text)
-        return self._specials[text]
-
-    def _find_special(self, text: str) -> int | None:
-        ids = self.tokenize(text, add_bos=False, special=True)
-        if len(ids) != 1:
-            return None
+        token = self._spelled(text)
         kinds = self._lib.LLAMA_TOKEN_ATTR_CONTROL | self._lib.LLAMA_TOKEN_ATTR_USER_DEFINED
-        if not self._lib.llama_vocab_get_attr(self._vocab, ids[0]) & kinds:
+        if token is None or not self._lib.llama_vocab_get_attr(self._vocab, token) & kinds:
             return None
-        return ids[0] if self.piece(ids[0]) == text.encode() else None
+        return token if self.piece(token) == text.encode() else None
 
     def control_token(self, text: str) -> int | None:
         """The one control token spelled ``text`` (a format's opening of a call, such as
         Mistral's ``[TOOL_CALLS]``, which an answer's text shows as nothing); None where this
         vocabulary has none."""
-        if text not in self._controls:
-            self._controls[text] = self._find_control(text)
-        return self._controls[text]
-
-    def _find_control(self, text: str) -> int | None:
-        ids = self.tokenize(text, add_bos=False, special=True)
-        if len(ids) != 1:
+        token = self._spelled(text)
+        if token is None:
             return None
-        attributes = self._lib.llama_vocab_get_attr(self._vocab, ids[0])
-        return ids[0] if attributes & self._lib.LLAMA_TOKEN_ATTR_CONTROL else None
+        attributes = self._lib.llama_vocab_get_attr(self._vocab, token)
+        return token if attributes & self._lib.LLAMA_TOKEN_ATTR_CONTROL else None
+
+    def _spelled(self, text: str) -> int | None:
+        """The one token ``text`` is, special tokens taken as such; None where it is more."""
+        if text not in self._spellings:
+            ids = self.tokenize(text, add_bos=False, special=True)
+            self._spellings[text] = ids[0] if len(ids) == 1 else None
+        return self._spellings[text]
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))

@@ -357,13 +357,12 @@ async def _generate(request: Request, state: ServerState, kind: Kind) -> Respons
     if parsed.tools or parsed.tool_turns:
         try:
             fmt = tool_format(engine.target.chat_template, model)
-            tags = call_tags(engine.target.special_token) if fmt == "tagged" else None
-            if parsed.tool_request.forced:
-                parsed = replace(parsed, output=forced_calls(parsed.tool_request, fmt, tags))
-            elif parsed.tool_request.strict:
-                opener = call_opener(fmt, engine.target.control_token)
-                parsed = replace(parsed, output=held_calls(parsed.tool_request, fmt, tags,
-                                                           opener))
+            tools = parsed.tool_request
+            if tools.held:
+                tags = call_tags(engine.target.special_token) if fmt == "tagged" else None
+                output = forced_calls(tools, fmt, tags) if tools.forced else \
+                    held_calls(tools, fmt, tags, call_opener(fmt, engine.target.control_token))
+                parsed = replace(parsed, output=output)
         except ToolError as exc:
             raise tool_error(exc) from None
     options = request_options(parsed, state.config)
@@ -453,8 +452,8 @@ async def _stream(state: ServerState, parsed: ParsedRequest, fmt: ToolFormat, ri
     kind = parsed.kind
     # Where the model was shown tools, a call is held back from the content and sent whole;
     # where a grammar holds the calls, each is sent as it is written.
-    piecewise = bool(parsed.tool_request.forced or parsed.tool_request.strict)
-    calling = ToolCallStream(parsed.tool_names, fmt, piecewise) if parsed.tools else None
+    calling = ToolCallStream(parsed.tool_names, fmt, parsed.tool_request.held) \
+        if parsed.tools else None
     try:
         if kind == "chat":
             yield sse(chunk(kind, rid, model, "", first=True))

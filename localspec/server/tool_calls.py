@@ -60,6 +60,11 @@ class ToolRequest:
     # the model chooses whether to call (see ``held_calls``).
     strict: tuple[str, ...] = ()
 
+    @property
+    def held(self) -> bool:
+        """Whether a grammar holds the answer's calls (``forced_calls``, ``held_calls``)."""
+        return bool(self.forced or self.strict)
+
 
 def parse_tools(value: Any, choice: Any, parallel: Any = None) -> ToolRequest:
     """The tools the model is shown (none where ``tool_choice`` is "none": the model is not
@@ -209,6 +214,8 @@ _ARGUMENTS_KEY: dict[ToolFormat, str] = {"tagged": "arguments", "json": "paramet
 # grammars). Templates render calls back on one line, so a model writes them so; more only lets
 # a weak model fill max_tokens with blanks.
 _CALL_SPACE = r" |\n[ \t]{0,20}"
+# Between calls: untagged ones, bare (Llama's ";" or a blank), or in an array (Mistral's).
+_BARE_SEPARATOR, _LISTED_SEPARATOR = 'WS? ";"? WS?', 'WS? "," WS?'
 
 
 def forced_calls(request: ToolRequest, fmt: ToolFormat,
@@ -219,9 +226,9 @@ def forced_calls(request: ToolRequest, fmt: ToolFormat,
     vocabulary's own tokens for the two tags, where it has them (see ``call_tags``)."""
     many = functools.partial(_many, parallel=request.parallel)
     rules = {"start": "calls | \"```\" \"json\"? WS? calls WS? \"```\"",
-             "calls": many("call", 'WS? ";"? WS?')}
+             "calls": many("call", _BARE_SEPARATOR)}
     if fmt == "mistral":
-        rules["calls"] = '"[" WS? ' + many("call", 'WS? "," WS?') + ' WS? "]"'
+        rules["calls"] = '"[" WS? ' + many("call", _LISTED_SEPARATOR) + ' WS? "]"'
     if fmt == "tagged":
         rules["start"] += " | " + many("tagged", "WS?")
         opened, closed = f'"{OPEN}"', f'"{CLOSE}"'
@@ -308,10 +315,10 @@ def held_calls(request: ToolRequest, fmt: ToolFormat, tags: tuple[int, int] | No
     names = [t["function"]["name"] for t in request.tools]
     rules["call"] = _call_rules(rules, request, fmt, names, request.strict, either_key=True)
     rules |= _untagged_rules(request)
-    if opener is not None:
-        opened = '"[" WS? call (WS? "," WS? call)* WS? "]" | call (WS? ";"? WS? call)*' \
-            if request.parallel else '"[" WS? call WS? "]" | call'
-        rules["start"] += f" | <[{opener}]> WS? ({opened}) WS?"
+    if opener is not None:  # then calls, in an array (Mistral's) or not, as a forced answer's
+        many = functools.partial(_many, parallel=request.parallel)
+        listed = '"[" WS? ' + many("call", _LISTED_SEPARATOR) + ' WS? "]"'
+        rules["start"] += f' | <[{opener}]> WS? ({listed} | {many("call", _BARE_SEPARATOR)}) WS?'
     rules |= _tagged_rules(tags, request.parallel)
     return _checked(rules)
 
@@ -322,25 +329,31 @@ def _untagged_rules(request: ToolRequest) -> dict[str, str]:
     told from it where the head is whole."""
     fence = rf"{_ANY_SPACE}(```(json)?{_ANY_SPACE})?" + \
         "".join(rf"({re.escape(p)}{_ANY_SPACE})?" for p in _CALL_PREFIXES)
-    key = "(" + "|".join(re.escape(json.dumps(k)) for k in sorted(_ARGUMENTS)) + ")"
     rules: dict[str, str] = {}
     heads, plain, listed = [], [], []
     for i, tool in enumerate(request.tools):
-        name = re.escape(json.dumps(tool["function"]["name"], ensure_ascii=False))
-        head = rf'\{{{_ANY_SPACE}"name"{_ANY_SPACE}:{_ANY_SPACE}{name}{_ANY_SPACE},' \
-            rf"{_ANY_SPACE}{key}{_ANY_SPACE}:"
+        head = _call_head(re.escape(json.dumps(tool["function"]["name"], ensure_ascii=False)))
         heads.append(rf"(\[{_ANY_SPACE})?{head}")
         rules[f"HEAD_{i}"] = _lark_regex(fence + head)
         rules[f"LISTED_{i}"] = _lark_regex(rf"{fence}\[{_ANY_SPACE}{head}")
         plain.append(f"HEAD_{i} after_{i}")
         listed.append(f"LISTED_{i} after_{i}")
-    then, among = (' (WS? ";"? WS? call)*', ' (WS? "," WS? call)*') if request.parallel \
-        else ("", "")
+    then, among = (f" ({_BARE_SEPARATOR} call)*", f" ({_LISTED_SEPARATOR} call)*") \
+        if request.parallel else ("", "")
     rules["bare"] = (f'(({" | ".join(plain)}){then} | ({" | ".join(listed)}){among} WS? "]")'
                      ' (WS? "```")? WS?')
     rules["FIRST"] = _excluding(fence + "(" + "|".join(heads) + ")") + \
         f" & ~{_lark_regex(_ANY_TEXT + re.escape(OPEN) + _ANY_TEXT)}"
     return rules
+
+
+def _call_head(name: str) -> str:
+    """A call's head up to its arguments' key and colon, as a regex that llguidance and ``re``
+    read alike: the grammar's head, and what a stream reads as one (``_CallScanner``).
+    ``name``: the pattern of the tool's name as a JSON string."""
+    key = "(" + "|".join(re.escape(json.dumps(k)) for k in sorted(_ARGUMENTS)) + ")"
+    return rf'\{{{_ANY_SPACE}"name"{_ANY_SPACE}:{_ANY_SPACE}{name}{_ANY_SPACE},' \
+        rf"{_ANY_SPACE}{key}{_ANY_SPACE}:"
 
 
 def _tagged_rules(tags: tuple[int, int] | None, parallel: bool) -> dict[str, str]:
@@ -612,17 +625,18 @@ class ToolCallStream:
         return content or "", calls
 
     def _around_calls(self, held: str) -> str:
-        """The text of a held answer that is not its calls: between and after tagged ones (an
-        untagged answer is calls alone)."""
-        return _CALL.sub("", held).strip() if held.startswith(OPEN) else ""
+        """The text of a held answer that is not its calls (once ``pieces`` read it): between
+        and after tagged ones (an untagged answer is calls alone)."""
+        assert self._scanner is not None
+        return _CALL.sub("", held).strip() if self._scanner.tagged else ""
 
 
 # Where a held answer's next call begins, up to its arguments, once they have begun (a
 # grammar holds them to an object): in a tagged answer, right after a tag (every tag in a held
 # answer opens a call); in an untagged one, past what may come between calls (the last one's
 # closing brace, blanks, separators, fences and a format's openings).
-_HEAD = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
-_TAGGED_HEAD = re.compile(re.escape(OPEN) + r"\s*" + _HEAD)
+_HEAD = _call_head(r'("(?:[^"\\]|\\.)*")') + _ANY_SPACE + r"(?=\{)"
+_TAGGED_HEAD = re.compile(re.escape(OPEN) + _ANY_SPACE + _HEAD)
 _UNTAGGED_HEAD = re.compile(
     r"(?:\s|[;,\[\]}]|```(?:json)?|" + "|".join(map(re.escape, _CALL_PREFIXES)) + r")*" + _HEAD)
 # How far past where a head may begin it is looked for: a head is short, and a window keeps
